@@ -1,0 +1,38 @@
+# Two entry points: `make run` (serve the embedded model) and `make test`.
+# Both create .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: run test lint format bench model clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/mlxtrio serve
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check mlxtrio tests benchmarks tools
+	$(BIN)/ruff format --check mlxtrio tests benchmarks tools
+
+format: $(STAMP)
+	$(BIN)/ruff format mlxtrio tests benchmarks tools
+	$(BIN)/ruff check --fix mlxtrio tests benchmarks tools
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/engine_overhead.py
+
+# Rebuild the embedded model's tokenizer, config and random weights (seeded).
+model: $(STAMP)
+	$(BIN)/python tools/build_embedded_model.py --seed 0
+
+clean:
+	rm -rf $(VENV) .pytest_cache

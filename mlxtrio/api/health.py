@@ -1,0 +1,47 @@
+"""Liveness and observability: ``/health``, ``/`` and ``/metrics``."""
+
+from __future__ import annotations
+
+from quart import Blueprint, Response, jsonify
+
+from ..engine.engine import EngineState
+from ..metrics import CONTENT_TYPE
+from .deps import services
+
+blueprint = Blueprint("health", __name__)
+
+
+@blueprint.route("/health", methods=["GET"])
+@blueprint.route("/v1/health", methods=["GET"])
+async def health() -> Response:
+    svc = services()
+    models = []
+    for engine in svc.registry:
+        lane = svc.lanes[engine.name]
+        models.append(
+            {
+                "id": engine.name,
+                "state": engine.state.value,
+                "error": engine.error,
+                "load_seconds": engine.load_seconds,
+                "active_sequences": engine.active_sequences,
+                "queued_requests": lane.waiting,
+                "capacity": lane.capacity,
+                "steps": engine.stats.steps,
+            }
+        )
+    ok = all(e.state is EngineState.READY for e in svc.registry)
+    body = {"status": "ok" if ok else "unavailable", "models": models}
+    response = jsonify(body)
+    response.status_code = 200 if ok else 503
+    return response
+
+
+@blueprint.route("/", methods=["GET", "HEAD"])
+async def root() -> Response:
+    return jsonify({"name": "mlxtrio", "status": "ok"})
+
+
+@blueprint.route("/metrics", methods=["GET"])
+async def metrics() -> Response:
+    return Response(services().metrics.render(), content_type=CONTENT_TYPE)

@@ -1,0 +1,140 @@
+"""The ASGI application.
+
+``hypercorn -k trio mlxtrio.app:app`` serves the module-level ``app``, built from
+the environment (``MLXTRIO_*``). ``create_app(settings)`` builds one explicitly
+(the CLI and the tests do).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import sniffio
+import trio
+from quart_trio import QuartTrio
+
+from .api import health, models, responses
+from .api.deps import CLEANUP_KEY, NURSERY_KEY
+from .http import transport
+from .services import Services
+from .settings import Settings
+
+log = logging.getLogger("mlxtrio")
+
+EXIT_WRONG_WORKER = 3
+
+TRIO_WORKER_HINT = (
+    "mlxtrio needs hypercorn's trio worker: run `hypercorn -k trio mlxtrio.app:app` "
+    "(or `mlxtrio serve`)"
+)
+
+
+class MlxtrioApp(QuartTrio):
+    """QuartTrio with a per-request scope and a guard against the asyncio worker.
+
+    Every HTTP request runs inside its own nursery (the *request scope*). Streaming
+    producers live there; it is cancelled once the response is finished or the
+    client went away, and the callbacks registered with ``on_request_end`` run
+    then, whether or not a streaming body was ever started.
+    """
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if _async_library() != "trio":
+            await _refuse_non_trio(scope, receive, send)
+            return
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        cleanups: list[Any] = []
+        scope = {**scope, CLEANUP_KEY: cleanups}
+        try:
+            async with trio.open_nursery() as nursery:
+                scope[NURSERY_KEY] = nursery
+                await super().__call__(scope, receive, send)
+                nursery.cancel_scope.cancel()
+        finally:
+            for cleanup in cleanups:
+                cleanup()
+
+
+def _async_library() -> str:
+    try:
+        return sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return "unknown"
+
+
+async def _refuse_non_trio(scope: Any, receive: Any, send: Any) -> None:
+    """Under another event loop: fail start-up with one clear line, and answer any
+    request that still arrives with a plain 500 naming the fix."""
+    if scope["type"] == "lifespan":
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            # One clear line, then leave: hypercorn would add a traceback to a
+            # lifespan failure, and a server that cannot serve must not start.
+            print(f"error: {TRIO_WORKER_HINT}", file=sys.stderr, flush=True)
+            os._exit(EXIT_WRONG_WORKER)
+        return
+    if scope["type"] == "http":
+        body = TRIO_WORKER_HINT.encode()
+        await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def create_app(settings: Settings | None = None) -> MlxtrioApp:
+    settings = settings or Settings.from_env()
+    app = MlxtrioApp("mlxtrio")
+    app.config.update(
+        RESPONSE_TIMEOUT=None,  # long streams are bounded by our drain deadline instead
+        BODY_TIMEOUT=60,
+        MAX_CONTENT_LENGTH=settings.max_body_bytes,
+        JSON_SORT_KEYS=False,
+        PROVIDE_AUTOMATIC_OPTIONS=False,
+    )
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.json.ensure_ascii = False  # type: ignore[attr-defined]
+    services = Services(settings)
+    app.extensions["mlxtrio"] = services
+    transport.install(app, settings.api_key)
+    for blueprint in (health.blueprint, models.blueprint, responses.blueprint):
+        app.register_blueprint(blueprint)
+    _count_requests(app, services)
+
+    @app.before_serving
+    async def _start() -> None:
+        await services.start()
+
+    @app.after_serving
+    async def _stop() -> None:
+        await services.stop()
+
+    return app
+
+
+def _count_requests(app: MlxtrioApp, services: Services) -> None:
+    from quart import Response, request
+
+    @app.after_request
+    async def _count(response: Response) -> Response:
+        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        services.metrics.requests.labels(rule, request.method, str(response.status_code)).inc()
+        return response
+
+
+def _configure_logging(level: str) -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+
+
+def _module_app() -> MlxtrioApp:
+    settings = Settings.from_env()
+    _configure_logging(settings.log_level)
+    return create_app(settings)
+
+
+app = _module_app()

@@ -1,0 +1,76 @@
+"""The internal conversation model both APIs map into.
+
+A :class:`Conversation` is what the chat template renders: a list of messages
+(system, user, assistant with optional reasoning and tool calls, tool results)
+plus the tools offered and the thinking switch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict[str, Any]  # parsed JSON object
+
+
+@dataclass
+class Message:
+    role: Role
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str | None = None  # role == "tool"
+    is_error: bool = False
+
+    def template_dict(self) -> dict[str, Any]:
+        """The shape the chat template reads."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.reasoning:
+            out["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "name": c.name,
+                    "arguments": c.arguments,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+@dataclass
+class ToolSpec:
+    """A function tool as offered to the model (JSON Schema parameters)."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def template_dict(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+@dataclass
+class Conversation:
+    messages: list[Message]
+    tools: list[ToolSpec] = field(default_factory=list)
+    thinking: bool = False

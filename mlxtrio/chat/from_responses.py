@@ -1,0 +1,226 @@
+"""OpenAI Responses request body -> :class:`Conversation`.
+
+Validation errors are :class:`~mlxtrio.http.errors.ApiError` 400s with
+``param``, in the order of the reference spec (§3.4); messages say what to fix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..http.errors import invalid_request
+from .conversation import Conversation, Message, ToolCall, ToolSpec
+
+MAX_INT32 = 2147483647
+
+
+@dataclass
+class ResponsesRequest:
+    """The validated fields of a ``POST /v1/responses`` body."""
+
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    max_output_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    instructions: str | None
+    reasoning: dict[str, Any] | None
+    tools: list[dict[str, Any]]
+    tool_choice: Any
+
+    @property
+    def thinking(self) -> bool:
+        effort = (self.reasoning or {}).get("effort")
+        return bool(self.reasoning) and effort not in (None, "none", "minimal")
+
+
+def _is_int(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and value.is_integer()
+
+
+def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise invalid_request(f'Field "{name}" must be a number between {low:g} and {high:g}', name)
+    return float(value)
+
+
+def parse_request(body: Any) -> ResponsesRequest:
+    if not isinstance(body, dict):
+        raise invalid_request("Request body must be a JSON object", "body")
+    model = body.get("model")
+    if not model or not isinstance(model, str):
+        raise invalid_request("Missing required field: model", "model")
+    if body.get("input") is None:
+        raise invalid_request("Missing required field: input", "input")
+    if not isinstance(body["input"], str | list):
+        raise invalid_request('Field "input" must be a string or an array', "input")
+    max_out = body.get("max_output_tokens")
+    if max_out is not None and not (_is_int(max_out) and 1 <= max_out <= MAX_INT32):
+        raise invalid_request(
+            f'Field "max_output_tokens" must be an integer between 1 and {MAX_INT32}',
+            "max_output_tokens",
+        )
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict) and metadata.get("retention_seconds") is not None:
+        value = metadata["retention_seconds"]
+        if not (_is_int(value) and 60 <= value <= 7776000):
+            raise invalid_request(
+                "metadata.retention_seconds must be an integer in [60, 7776000]",
+                "metadata.retention_seconds",
+            )
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        raise invalid_request('Field "tools" must be an array', "tools")
+    instructions = body.get("instructions")
+    reasoning = body.get("reasoning")
+    return ResponsesRequest(
+        body=body,
+        model=model,
+        stream=body.get("stream") is True,
+        max_output_tokens=int(max_out) if max_out is not None else None,
+        temperature=_number(body, "temperature", 0, 2),
+        top_p=_number(body, "top_p", 0, 1),
+        instructions=instructions if isinstance(instructions, str) else None,
+        reasoning=reasoning if isinstance(reasoning, dict) else None,
+        tools=[t for t in tools if isinstance(t, dict)],
+        tool_choice=body.get("tool_choice"),
+    )
+
+
+def offered_tools(request: ResponsesRequest) -> list[ToolSpec]:
+    """Function tools the model is shown; tools the server cannot offer are skipped."""
+    choice = request.tool_choice
+    if choice == "none":
+        return []
+    specs: list[ToolSpec] = []
+    for tool in request.tools:
+        kind = tool.get("type")
+        if kind == "function" and isinstance(tool.get("name"), str):
+            specs.append(
+                ToolSpec(
+                    tool["name"],
+                    tool.get("description") or "",
+                    tool.get("parameters") or {"type": "object", "properties": {}},
+                )
+            )
+        elif kind == "namespace":
+            for inner in tool.get("tools") or []:
+                if isinstance(inner, dict) and isinstance(inner.get("name"), str):
+                    specs.append(
+                        ToolSpec(
+                            inner["name"],
+                            inner.get("description") or "",
+                            inner.get("parameters") or {"type": "object", "properties": {}},
+                        )
+                    )
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        specs = [s for s in specs if s.name == choice.get("name")]
+    return specs
+
+
+def _text_of(content: Any, role: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid_request(f'Message content for role "{role}" must be a string or an array', "input")
+    parts = []
+    for part in content:
+        if not isinstance(part, dict):
+            raise invalid_request("Each content part must be an object", "input")
+        kind = part.get("type")
+        if kind in ("input_text", "output_text", "summary_text", "text"):
+            parts.append(str(part.get("text", "")))
+        elif kind == "refusal":
+            parts.append(str(part.get("refusal", "")))
+        elif kind == "input_image":
+            raise invalid_request(
+                "input_image content parts are not supported by this model", "input"
+            )
+        else:
+            raise invalid_request(f'Unsupported content part type: "{kind}"', "input")
+    return "".join(parts)
+
+
+def _arguments(raw: Any) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw) if isinstance(raw, str) and raw.strip() else {}
+    except json.JSONDecodeError:
+        return {"input": raw}
+    return value if isinstance(value, dict) else {"input": value}
+
+
+def to_conversation(request: ResponsesRequest) -> Conversation:
+    messages: list[Message] = []
+    if request.instructions:
+        messages.append(Message("system", request.instructions))
+    items = request.body["input"]
+    if isinstance(items, str):
+        items = [{"type": "message", "role": "user", "content": items}]
+    assistant: Message | None = None
+
+    def flush() -> None:
+        nonlocal assistant
+        if assistant is not None:
+            messages.append(assistant)
+            assistant = None
+
+    def current_assistant() -> Message:
+        nonlocal assistant
+        if assistant is None:
+            assistant = Message("assistant")
+        return assistant
+
+    for item in items:
+        if not isinstance(item, dict):
+            raise invalid_request("Each input item must be a non-null object", "input")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise invalid_request(f'Unsupported message role: "{role}"', "input")
+            text = _text_of(item.get("content", ""), role)
+            if role == "assistant":
+                turn = current_assistant()
+                if turn.tool_calls:  # text after a call starts a new assistant turn
+                    flush()
+                    turn = current_assistant()
+                turn.content += text
+                continue
+            flush()
+            messages.append(Message("system" if role == "developer" else role, text))
+        elif kind == "reasoning":
+            summary = item.get("summary") or []
+            text = "".join(p.get("text", "") for p in summary if isinstance(p, dict))
+            current_assistant().reasoning += text
+        elif kind in ("function_call", "custom_tool_call"):
+            raw = item.get("arguments") if kind == "function_call" else {"input": item.get("input", "")}
+            call_id = item.get("call_id") or item.get("id") or ""
+            current_assistant().tool_calls.append(
+                ToolCall(str(call_id), str(item.get("name", "")), _arguments(raw))
+            )
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            flush()
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise invalid_request("tool message missing tool_call_id", "input")
+            output = item.get("output", "")
+            if not isinstance(output, str):
+                output = _text_of(output, "tool") if isinstance(output, list) else json.dumps(output)
+            messages.append(Message("tool", output, tool_call_id=call_id))
+        else:
+            raise invalid_request(f'Unsupported input item type: "{kind}"', "input")
+    flush()
+    return Conversation(messages, offered_tools(request), request.thinking)
+

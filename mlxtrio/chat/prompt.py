@@ -1,0 +1,67 @@
+"""Conversation -> prompt token ids, through the model's own chat template.
+
+Rendering and tokenization are CPU work (Jinja plus a Rust tokenizer), so
+:func:`render` runs them on a worker thread with its own limiter: the Trio loop
+never blocks on a 20k-token agent prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from .conversation import Conversation
+
+# Two workers: enough to overlap rendering with generation on a small machine
+# without letting a burst of requests starve the engine thread of CPU.
+_RENDER_LIMITER = trio.CapacityLimiter(2)
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    tokens: list[int]
+    # True when the prompt ends inside an open reasoning block (the template
+    # opened <think> for the model): generated text starts as reasoning.
+    starts_in_reasoning: bool
+
+
+class PromptError(ValueError):
+    """The conversation cannot be rendered with this model's template."""
+
+
+def render_sync(tokenizer: Any, conversation: Conversation) -> RenderedPrompt:
+    messages = [m.template_dict() for m in conversation.messages]
+    tools = [t.template_dict() for t in conversation.tools] or None
+    try:
+        tokens = tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            add_generation_prompt=True,
+            enable_thinking=conversation.thinking,
+        )
+    except Exception as exc:  # Jinja raises many types; all mean "cannot render"
+        raise PromptError(f"cannot render the conversation with the chat template: {exc}") from exc
+    if isinstance(tokens, dict):  # some tokenizers return a BatchEncoding
+        tokens = tokens["input_ids"]
+    tokens = list(tokens)
+    return RenderedPrompt(tokens, _ends_in_open_think(tokenizer, tokens))
+
+
+def _ends_in_open_think(tokenizer: Any, tokens: list[int]) -> bool:
+    if not getattr(tokenizer, "has_thinking", False):
+        return False
+    start = tokenizer.rfind_think_start(tokens)
+    if start is None or start < 0:
+        return False
+    end = tokenizer.rfind_think_end(tokens)
+    return end is None or end < start
+
+
+async def render(tokenizer: Any, conversation: Conversation) -> RenderedPrompt:
+    """Render on a worker thread. Cancellation abandons nothing: the render
+    finishes in the background (it is short) and its result is dropped."""
+    return await trio.to_thread.run_sync(
+        render_sync, tokenizer, conversation, limiter=_RENDER_LIMITER
+    )

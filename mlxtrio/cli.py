@@ -1,0 +1,97 @@
+"""``mlxtrio serve``: run the server through hypercorn's trio API.
+
+Flags override ``MLXTRIO_*`` environment variables, which override defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+import trio
+
+from .settings import Settings, SettingsError, parse_aliases
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mlxtrio", description="Local MLX server for coding agents")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the OpenAI Responses and Anthropic Messages APIs")
+    serve.add_argument("--model", help="model path or hub id (default: the embedded model)")
+    serve.add_argument("--model-name", help="public name of --model")
+    serve.add_argument("--extra-model", action="append", dest="extra_models", help="another model, name=path")
+    serve.add_argument("--alias", action="append", dest="aliases", help="alias=model (patterns like claude-*=NAME)")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--api-key")
+    serve.add_argument("--capacity", type=int, help="concurrent sequences per model")
+    serve.add_argument("--waiting-room", type=int, help="queued requests per model before 429")
+    serve.add_argument("--default-max-tokens", type=int)
+    serve.add_argument("--max-output-tokens", type=int)
+    serve.add_argument("--prefill-chunk", type=int)
+    serve.add_argument("--sse-keepalive", type=float)
+    serve.add_argument("--sse-drain-timeout", type=float)
+    serve.add_argument("--database-url")
+    serve.add_argument("--log-level")
+    sub.add_parser("models", help="list the models this configuration would serve")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    overrides = {
+        key: getattr(args, key, None)
+        for key in (
+            "model", "model_name", "host", "port", "api_key", "capacity", "waiting_room",
+            "default_max_tokens", "max_output_tokens", "prefill_chunk", "sse_keepalive",
+            "sse_drain_timeout", "database_url", "log_level",
+        )
+    }
+    if getattr(args, "extra_models", None):
+        overrides["extra_models"] = tuple(args.extra_models)
+    if getattr(args, "aliases", None):
+        overrides["aliases"] = parse_aliases(",".join(args.aliases))
+    return Settings.from_env(**overrides)
+
+
+async def serve(settings: Settings, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve until cancelled (Ctrl-C / SIGTERM end it through the shutdown trigger)."""
+    from hypercorn.config import Config
+    from hypercorn.trio import serve as hypercorn_serve
+
+    from .app import create_app
+
+    config = Config()
+    config.bind = [f"{settings.host}:{settings.port}"]
+    config.accesslog = None
+    config.graceful_timeout = settings.shutdown_grace
+    app = create_app(settings)
+    await hypercorn_serve(app, config, task_status=task_status)  # type: ignore[arg-type]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "models":
+        from .services import _model_specs
+
+        for name, path in _model_specs(settings):
+            print(f"{name}\t{path}")
+        return 0
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        trio.run(serve, settings)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

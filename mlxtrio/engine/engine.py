@@ -1,0 +1,381 @@
+"""The engine: one model, one dedicated thread, continuous batching.
+
+Threading contract
+------------------
+* The engine thread owns every MLX object: weights, KV caches and mlx-lm's
+  ``BatchGenerator``. Nothing else touches them.
+* The Trio side talks to it through a command queue (``submit``, ``cancel``,
+  ``shutdown``); putting a command never blocks.
+* The engine talks back with exactly one ``TrioToken.run_sync_soon`` per engine
+  step, carrying every event that step produced.
+* The gap between two ``BatchGenerator.next()`` calls is the *safepoint*: pending
+  commands are applied there, so a cancelled sequence is dropped after at most
+  one decode step or one prefill chunk (``prefill_chunk`` tokens).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from .handle import EngineError, GenerationHandle
+from .types import EngineStats, GenerationEvent, GenerationStats, SamplingParams
+
+log = logging.getLogger("mlxtrio.engine")
+
+_LATENCY_HISTORY = 256
+
+
+class EngineState(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+@dataclass
+class _Sequence:
+    """Engine-thread bookkeeping for one live sequence."""
+
+    handle: GenerationHandle
+    uid: int
+    detokenizer: Any
+    submitted_at: float
+    stats: GenerationStats
+    prefill_started_at: float | None = None
+    prefill_done_at: float | None = None
+    first_token_at: float | None = None
+    token_buffer: list[int] = field(default_factory=list)
+
+
+class Engine:
+    """Serve one model from its own thread. Create, ``await start()``, ``submit()``."""
+
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        *,
+        capacity: int,
+        prefill_chunk: int,
+        default_max_tokens: int,
+    ) -> None:
+        self.name = name
+        self.path = path
+        self.capacity = capacity
+        self.prefill_chunk = prefill_chunk
+        self.default_max_tokens = default_max_tokens
+        self.state = EngineState.LOADING
+        self.error: str | None = None
+        self.stats = EngineStats()
+        self.load_seconds: float | None = None
+        self.tokenizer: Any = None  # mlx-lm TokenizerWrapper; thread-safe to render with
+        self.config: dict[str, Any] = {}
+        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._trio_token: trio.lowlevel.TrioToken | None = None
+        self._ready = trio.Event()
+        self._live_handles: set[GenerationHandle] = set()  # Trio side
+        self._idle = trio.Event()
+        self._idle.set()
+
+    # ------------------------------------------------------------------
+    # Trio side
+
+    @property
+    def context_length(self) -> int:
+        return int(self.config.get("max_position_embeddings") or 32768)
+
+    @property
+    def active_sequences(self) -> int:
+        """Sequences submitted and not yet finished (as the Trio side sees them)."""
+        return len(self._live_handles)
+
+    async def start(self) -> None:
+        """Start the engine thread and wait until the model is loaded.
+
+        Cancelling the wait does not stop the load; call :meth:`stop` for that.
+        Raises :class:`EngineError` if loading failed.
+        """
+        self._trio_token = trio.lowlevel.current_trio_token()
+        self._thread = threading.Thread(
+            target=self._thread_main, name=f"mlxtrio-engine-{self.name}", daemon=True
+        )
+        self._thread.start()
+        await self._ready.wait()
+        if self.state is not EngineState.READY:
+            raise EngineError(f"model {self.name!r} failed to load: {self.error}")
+
+    def submit(self, prompt: list[int], sampling: SamplingParams) -> GenerationHandle:
+        """Queue a sequence for generation; returns at once.
+
+        The returned handle must be used as an async context manager so that it is
+        cancelled whatever way the caller leaves. Raises :class:`EngineError` if
+        the engine is not serving.
+        """
+        if self.state is not EngineState.READY:
+            raise EngineError(f"engine for {self.name!r} is {self.state.value}")
+        if not prompt:
+            raise EngineError("empty prompt")
+        handle = GenerationHandle(prompt, sampling, self._request_cancel)
+        self._live_handles.add(handle)
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        self._commands.put(("submit", handle))
+        return handle
+
+    async def stop(self, grace: float) -> None:
+        """Stop serving: refuse new work, give in-flight sequences ``grace``
+        seconds to finish, cancel the rest, then join the engine thread.
+
+        Safe to call more than once, and on an engine that failed to load.
+        """
+        if self._thread is None:
+            return
+        if self.state is EngineState.READY:
+            self.state = EngineState.STOPPING
+        with trio.move_on_after(grace):
+            await self._idle.wait()
+        for handle in list(self._live_handles):
+            handle.cancel()
+        with trio.move_on_after(grace):
+            await self._idle.wait()
+        self._commands.put(("shutdown", None))
+        thread = self._thread
+        with trio.move_on_after(max(grace, 1.0)):
+            await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
+        if thread.is_alive():
+            log.warning("engine thread for %s did not stop in time; abandoning it", self.name)
+        if self.state is not EngineState.FAILED:
+            self.state = EngineState.STOPPED
+
+    def _request_cancel(self, handle: GenerationHandle) -> None:
+        handle.cancel_requested_at_step = self.stats.steps
+        self._commands.put(("cancel", handle))
+
+    def _deliver_batch(self, deliveries: list[tuple[GenerationHandle, GenerationEvent]]) -> None:
+        """Runs on the Trio thread, once per engine step."""
+        for handle, event in deliveries:
+            handle._deliver(event)
+            if handle.done:
+                self._live_handles.discard(handle)
+        if not self._live_handles:
+            self._idle.set()
+
+    def _post(self, fn: Any, *args: Any) -> None:
+        """Hand ``fn(*args)`` to the Trio loop; dropped if the loop has ended."""
+        assert self._trio_token is not None
+        try:
+            self._trio_token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:
+            pass
+
+    # ------------------------------------------------------------------
+    # Engine thread
+
+    def _thread_main(self) -> None:
+        gen = None
+        try:
+            gen = self._load()
+            self._post(self._ready.set)
+            self._serve(gen)
+        except BaseException as exc:  # the thread must report, never die silently
+            log.exception("engine %s failed", self.name)
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.state = EngineState.FAILED
+            self._post(self._ready.set)
+            self._fail_all(self.error)
+        finally:
+            if gen is not None:
+                gen.close()
+
+    def _load(self) -> Any:
+        from mlx_lm import load
+        from mlx_lm.generate import BatchGenerator
+
+        log.info("loading model %s from %s", self.name, self.path)
+        started = time.perf_counter()
+        model, tokenizer, config = load(self.path, return_config=True)
+        self.tokenizer, self.config = tokenizer, config
+        gen = BatchGenerator(
+            model,
+            max_tokens=self.default_max_tokens,
+            stop_tokens=[[t] for t in tokenizer.eos_token_ids],
+            completion_batch_size=self.capacity,
+            prefill_batch_size=self.capacity,
+            prefill_step_size=self.prefill_chunk,
+        )
+        self.load_seconds = time.perf_counter() - started
+        self.state = EngineState.READY
+        log.info(
+            "model %s ready in %.2f s (%s, %d layers, context %d)",
+            self.name,
+            self.load_seconds,
+            config.get("model_type", "?"),
+            config.get("num_hidden_layers", 0),
+            self.context_length,
+        )
+        return gen
+
+    def _serve(self, gen: Any) -> None:
+        self._gen = gen
+        self._live: dict[int, _Sequence] = {}
+        self._by_handle: dict[GenerationHandle, _Sequence] = {}
+        while True:
+            if not self._apply_commands(block=not self._live):
+                return
+            if not self._live:
+                continue
+            prompt_responses, gen_responses = gen.next()
+            self.stats.steps += 1
+            deliveries = self._collect(prompt_responses, gen_responses)
+            if deliveries:
+                self._post(self._deliver_batch, deliveries)
+
+    def _apply_commands(self, block: bool) -> bool:
+        """Apply queued commands at the safepoint. False means shut down."""
+        while True:
+            try:
+                command, arg = self._commands.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if command == "shutdown":
+                self._fail_live("engine shut down", reason="cancelled")
+                return False
+            if command == "submit":
+                self._insert(arg)
+            elif command == "cancel":
+                self._remove(arg)
+
+    def _insert(self, handle: GenerationHandle) -> None:
+        from mlx_lm.generate import StopSequences
+
+        from .sampling import sampler_for
+
+        now = time.perf_counter()
+        stats = GenerationStats(prompt_tokens=len(handle.prompt))
+        if handle.cancel_requested:
+            self._post(self._deliver_batch, [(handle, _final("cancelled", stats))])
+            return
+        params = handle.sampling
+        eos = [(t,) for t in self.tokenizer.eos_token_ids]
+        stops = StopSequences(eos + [(t,) for t in params.stop_token_ids])
+        (uid,) = self._gen.insert(
+            [handle.prompt],
+            max_tokens=[params.max_tokens],
+            samplers=[sampler_for(params)],
+            stop_sequences=[stops],
+        )
+        seq = _Sequence(handle, uid, self.tokenizer.detokenizer, now, stats)
+        self._live[uid] = seq
+        self._by_handle[handle] = seq
+        self.stats.submitted += 1
+
+    def _remove(self, handle: GenerationHandle) -> None:
+        seq = self._by_handle.pop(handle, None)
+        if seq is None:
+            return  # finished already, or never inserted
+        self._gen.remove([seq.uid])
+        del self._live[seq.uid]
+        self.stats.cancelled += 1
+        if handle.cancel_requested_at_step is not None:
+            latency = self.stats.steps - handle.cancel_requested_at_step
+            self.stats.cancel_latency_steps.append(latency)
+            del self.stats.cancel_latency_steps[:-_LATENCY_HISTORY]
+        self._finish_stats(seq, time.perf_counter())
+        self._post(self._deliver_batch, [(handle, _final("cancelled", seq.stats))])
+
+    def _collect(
+        self, prompt_responses: list[Any], gen_responses: list[Any]
+    ) -> list[tuple[GenerationHandle, GenerationEvent]]:
+        now = time.perf_counter()
+        for r in prompt_responses:
+            seq = self._live.get(r.uid)
+            if seq is None:
+                continue
+            if seq.prefill_started_at is None:
+                seq.prefill_started_at = now
+                seq.stats.queue_seconds = now - seq.submitted_at
+            seq.stats.prefilled_tokens = int(r.progress[0])
+            if r.end_of_prompt:
+                seq.prefill_done_at = now
+        self.stats.max_batch_size = max(self.stats.max_batch_size, len(gen_responses))
+        deliveries = []
+        for r in gen_responses:
+            seq = self._live.get(r.uid)
+            if seq is None:
+                continue
+            deliveries.append((seq.handle, self._token_event(seq, r, now)))
+        return deliveries
+
+    def _token_event(self, seq: _Sequence, r: Any, now: float) -> GenerationEvent:
+        stats = seq.stats
+        stats.generated_tokens += 1
+        self.stats.generated_tokens += 1
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+            stats.time_to_first_token = now - seq.submitted_at
+            self.stats.prompt_tokens += stats.prompt_tokens
+        detok = seq.detokenizer
+        if r.finish_reason != "stop":  # the stop token itself is never shown
+            detok.add_token(r.token)
+        if r.finish_reason is None:
+            return GenerationEvent((r.token,), detok.last_segment)
+        detok.finalize()
+        del self._live[seq.uid]
+        self._by_handle.pop(seq.handle, None)
+        self.stats.finished += 1
+        self._finish_stats(seq, now)
+        return GenerationEvent((r.token,), detok.last_segment, r.finish_reason, stats)
+
+    def _finish_stats(self, seq: _Sequence, now: float) -> None:
+        stats = seq.stats
+        if seq.prefill_started_at is not None and seq.prefill_done_at is not None:
+            elapsed = seq.prefill_done_at - seq.prefill_started_at
+            if elapsed > 0 and stats.prefilled_tokens:
+                stats.prefill_tokens_per_second = stats.prefilled_tokens / elapsed
+        if seq.first_token_at is not None and stats.generated_tokens > 1:
+            elapsed = now - seq.first_token_at
+            if elapsed > 0:
+                stats.decode_tokens_per_second = (stats.generated_tokens - 1) / elapsed
+
+    def _fail_live(self, message: str, reason: str = "error") -> None:
+        live = getattr(self, "_live", {})
+        deliveries = []
+        for seq in live.values():
+            if reason == "cancelled":
+                deliveries.append((seq.handle, _final("cancelled", seq.stats)))
+            else:
+                deliveries.append((seq.handle, GenerationEvent(error=message)))
+        live.clear()
+        if deliveries:
+            self._post(self._deliver_batch, deliveries)
+
+    def _fail_all(self, message: str) -> None:
+        """The engine died: fail live sequences and everything still queued."""
+        self._fail_live(message)
+        pending = []
+        while True:
+            try:
+                command, arg = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if command == "submit":
+                pending.append((arg, GenerationEvent(error=message)))
+        if pending:
+            self._post(self._deliver_batch, pending)
+
+
+def _final(reason: str, stats: GenerationStats) -> GenerationEvent:
+    return GenerationEvent(finish_reason=reason, stats=stats)  # type: ignore[arg-type]
+
+
+__all__ = ["Engine", "EngineError", "EngineState", "GenerationHandle"]

@@ -1,0 +1,118 @@
+"""The Trio side of one generation: an async iterator of :class:`GenerationEvent`.
+
+The engine thread never touches a handle directly: it hands batches of events to
+the Trio loop with one ``TrioToken.run_sync_soon`` per engine step, and
+:meth:`GenerationHandle._deliver` runs there. Delivery never blocks; the buffer is
+bounded by the sequence's ``max_tokens`` (one event per generated token at most,
+plus the final one).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from types import TracebackType
+
+import trio
+
+from .types import GenerationEvent, GenerationStats, SamplingParams
+
+
+class EngineError(RuntimeError):
+    """The engine could not run or finish this generation (not a client error)."""
+
+
+class GenerationHandle:
+    """One submitted sequence, seen from Trio.
+
+    Use it as ``async with engine.submit(...) as handle: async for event in handle``.
+    Leaving the ``async with`` block for any reason - end of iteration, an
+    exception, or cancellation of the surrounding scope (a client disconnect) -
+    calls :meth:`cancel`, so the engine never keeps generating for nobody.
+    """
+
+    def __init__(
+        self,
+        prompt: list[int],
+        sampling: SamplingParams,
+        request_cancel: Callable[[GenerationHandle], None],
+    ) -> None:
+        self.prompt = prompt
+        self.sampling = sampling
+        self.stats = GenerationStats(prompt_tokens=len(prompt))
+        self.finish_reason: str | None = None
+        self._request_cancel = request_cancel
+        self._events: deque[GenerationEvent] = deque()
+        self._lot = trio.lowlevel.ParkingLot()
+        self._done = False  # the final event has been delivered
+        self._cancel_requested = False
+        # Engine bookkeeping (written by the engine thread, read by tests).
+        self.cancel_requested_at_step: int | None = None
+
+    # -- Trio-facing API -------------------------------------------------
+
+    def cancel(self) -> None:
+        """Ask the engine to drop this sequence at its next safepoint.
+
+        Synchronous and non-blocking; safe to call any number of times, before or
+        after the sequence finished. The final event (``finish_reason ==
+        "cancelled"``) still arrives if anybody keeps iterating.
+        """
+        if self._cancel_requested or self._done:
+            return
+        self._cancel_requested = True
+        self._request_cancel(self)
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._cancel_requested
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    async def __aenter__(self) -> GenerationHandle:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cancel()
+
+    def __aiter__(self) -> GenerationHandle:
+        return self
+
+    async def __anext__(self) -> GenerationEvent:
+        """Wait for the next event.
+
+        A checkpoint: cancelling the calling scope raises ``trio.Cancelled`` here
+        (the sequence itself is cancelled by ``__aexit__``). Raises
+        :class:`EngineError` if the engine failed this sequence, and
+        ``StopAsyncIteration`` after the final event.
+        """
+        if self._events:
+            await trio.lowlevel.checkpoint()
+        while not self._events:
+            if self._done:
+                raise StopAsyncIteration
+            await self._lot.park()
+        event = self._events.popleft()
+        if event.error is not None:
+            raise EngineError(event.error)
+        return event
+
+    # -- engine-facing API (runs on the Trio thread via run_sync_soon) ----
+
+    def _deliver(self, event: GenerationEvent) -> None:
+        if self._done:
+            return
+        self._events.append(event)
+        if event.finish_reason is not None or event.error is not None:
+            self._done = True
+            self.finish_reason = event.finish_reason
+            if event.stats is not None:
+                self.stats = event.stats
+        self._lot.unpark_all()

@@ -1,0 +1,142 @@
+"""Streaming output parser: split generated text into reasoning, visible text and
+tool calls, as it arrives.
+
+Built on mlx-lm's ``TextStateMachine`` (which knows each model family's markers
+through the ``TokenizerWrapper`` and holds back only what might be the start of a
+marker) and the family's tool parser from ``mlx_lm.tool_parsers``. Markup never
+reaches the client: a tool-call segment is only emitted once it is complete and
+parsed.
+
+Pure Python; safe to run on the Trio thread (microseconds per delta).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from mlx_lm.generate import TextStateMachine, make_text_state_machine
+
+log = logging.getLogger("mlxtrio.output")
+
+SegmentKind = Literal["text", "reasoning", "tool_call"]
+
+
+@dataclass(frozen=True)
+class ParsedToolCall:
+    name: str
+    arguments: str  # a JSON object, serialised
+    raw: str  # the text between the markers
+
+
+@dataclass(frozen=True)
+class Segment:
+    kind: SegmentKind
+    text: str = ""
+    tool_call: ParsedToolCall | None = None
+
+
+class OutputParser:
+    """Feed detokenized deltas in; get typed segments out."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools: list[dict[str, Any]] | None = None,
+        starts_in_reasoning: bool = False,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._tools = tools
+        self._machine = make_text_state_machine(tokenizer)
+        initial = "reasoning" if starts_in_reasoning and tokenizer.has_thinking else "normal"
+        self._state = self._machine.make_state(initial=initial)
+        self._tool_buffer: list[str] = []
+        self.invalid_tool_calls = 0
+        # Whitespace around markers ("</think>\n\n", "\n<tool_call>") is not content:
+        # each kind's leading whitespace is dropped and trailing whitespace held
+        # until non-blank text of the same kind follows.
+        self._pending_space = {"text": "", "reasoning": ""}
+        self._started = {"text": False, "reasoning": False}
+
+    @property
+    def state(self) -> str | None:
+        return self._state[0]
+
+    def feed(self, text: str) -> list[Segment]:
+        if not text:
+            return []
+        self._state, pieces = TextStateMachine.split(self._state, text)
+        return self._segments(pieces, final=False)
+
+    def finish(self) -> list[Segment]:
+        """Flush what was held back (generation ended)."""
+        self._state, rest, state = TextStateMachine.flush(self._state)
+        segments = self._segments([(state, rest)], final=True)
+        if self._tool_buffer:  # an unterminated tool call: try to salvage it
+            segments.extend(self._close_tool_call())
+        return segments
+
+    def _segments(self, pieces: list[tuple[str | None, str]], final: bool) -> list[Segment]:
+        out: list[Segment] = []
+        last = len(pieces) - 1
+        for i, (state, text) in enumerate(pieces):
+            if state == "tool":
+                self._tool_buffer.append(text)
+                # A piece before the last one ended in a state change: the call is complete.
+                if i < last:
+                    out.extend(self._close_tool_call())
+            elif state == "reasoning":
+                self._trimmed("reasoning", text, out)
+            else:
+                self._trimmed("text", text, out)
+        return out
+
+    def _trimmed(self, kind: SegmentKind, text: str, out: list[Segment]) -> None:
+        if not text:
+            return
+        text = self._pending_space[kind] + text
+        if not self._started[kind]:
+            text = text.lstrip()
+        body = text.rstrip()
+        self._pending_space[kind] = text[len(body) :]
+        if body:
+            self._started[kind] = True
+            out.append(Segment(kind, body))
+
+    def _close_tool_call(self) -> list[Segment]:
+        raw = "".join(self._tool_buffer)
+        self._tool_buffer.clear()
+        call = parse_tool_call(self._tokenizer, raw, self._tools)
+        # Text after a call is a new message: its leading whitespace goes too.
+        self._pending_space["text"] = ""
+        self._started["text"] = False
+        if call is None:
+            self.invalid_tool_calls += 1
+            log.info("dropped a tool call that did not parse: %r", raw[:200])
+            return []
+        return [Segment("tool_call", tool_call=call)]
+
+
+def parse_tool_call(tokenizer: Any, raw: str, tools: list[dict[str, Any]] | None) -> ParsedToolCall | None:
+    parser = getattr(tokenizer, "tool_parser", None)
+    if parser is None or not raw.strip():
+        return None
+    try:
+        parsed = parser(raw, tools)
+    except Exception:
+        return None
+    if isinstance(parsed, list):
+        parsed = parsed[0] if parsed else None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
+        return None
+    arguments = parsed.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return ParsedToolCall(parsed["name"], json.dumps(arguments, ensure_ascii=False), raw)

@@ -1,0 +1,75 @@
+"""Plain data exchanged between the Trio side and the engine thread.
+
+Nothing here imports MLX: these objects cross the thread boundary and are read by
+the API layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling. ``temperature == 0`` means greedy decoding."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int = 256
+    seed: int | None = None
+    # Extra token ids that end generation like EOS does (not shown in the text).
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class GenerationStats:
+    """Counters and timings of one sequence; complete once it has finished."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    # Seconds from submit() to the first generated token.
+    time_to_first_token: float | None = None
+    prefill_tokens_per_second: float | None = None
+    decode_tokens_per_second: float | None = None
+    # Seconds spent waiting in the engine before prefill started.
+    queue_seconds: float = 0.0
+    # Prompt tokens actually run through the model (prompt - cached, or fewer
+    # when cancelled during prefill).
+    prefilled_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class GenerationEvent:
+    """What one engine step produced for one sequence.
+
+    ``text`` is the detokenized delta (may be empty while a multi-byte character
+    is incomplete). The last event of a sequence has ``finish_reason`` set and
+    carries the final ``stats``.
+    """
+
+    token_ids: tuple[int, ...] = ()
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    stats: GenerationStats | None = None
+    error: str | None = None
+
+
+@dataclass
+class EngineStats:
+    """Engine-wide counters, read by tests, /health and /metrics."""
+
+    steps: int = 0
+    submitted: int = 0
+    finished: int = 0
+    cancelled: int = 0
+    max_batch_size: int = 0  # most sequences decoded in one step
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    # Steps between cancel() and removal, most recent last (bounded).
+    cancel_latency_steps: list[int] = field(default_factory=list)

@@ -1,0 +1,120 @@
+"""Server-sent events: framing, keepalive and the drain deadline.
+
+A streaming response is split in two:
+
+* a *producer* task, started in the request's nursery, does the work (admission,
+  generation) and sends frames into a small memory channel;
+* the response *body* - an async generator Quart iterates - forwards frames to the
+  socket, and sends a keepalive whenever nothing was produced for ``keepalive``
+  seconds (queueing, long prefill).
+
+Backpressure: while the socket cannot take more, Quart does not resume the body,
+so the channel fills and the producer waits in ``send``; the engine never does
+(its events buffer in the generation handle). A watchdog treats a write that makes
+no progress for ``drain_timeout`` seconds as a disconnect and cancels the request
+scope. When the client goes away, the request scope is cancelled, which cancels
+the producer, which cancels its generation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import trio
+
+log = logging.getLogger("mlxtrio.http")
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    "Connection": "keep-alive",
+    "X-Accel-Buffering": "no",
+}
+
+COMMENT_KEEPALIVE = b": keepalive\n\n"
+ANTHROPIC_PING = b'event: ping\ndata: {"type": "ping"}\n\n'
+
+
+def frame(event: str, data: dict[str, Any]) -> bytes:
+    """One SSE frame with an ``event:`` line and a JSON ``data:`` line."""
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {event}\ndata: {payload}\n\n".encode()
+
+
+class EventSink:
+    """What a producer writes to. ``send`` waits while the client is slow."""
+
+    def __init__(self, channel: trio.MemorySendChannel[bytes]) -> None:
+        self._channel = channel
+
+    async def send(self, event: str, data: dict[str, Any]) -> None:
+        await self._channel.send(frame(event, data))
+
+    async def send_raw(self, chunk: bytes) -> None:
+        await self._channel.send(chunk)
+
+
+Producer = Callable[[EventSink], Awaitable[None]]
+
+
+class EventStream:
+    """Run ``producer`` in ``nursery`` and expose its frames as a response body."""
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        producer: Producer,
+        *,
+        keepalive: float,
+        drain_timeout: float,
+        keepalive_frame: bytes = COMMENT_KEEPALIVE,
+        buffer: int = 16,
+    ) -> None:
+        self._keepalive = keepalive
+        self._keepalive_frame = keepalive_frame
+        self._drain_timeout = drain_timeout
+        self._pending_since: float | None = None
+        send, self._receive = trio.open_memory_channel[bytes](buffer)
+        self._scope = nursery.cancel_scope
+        nursery.start_soon(self._run_producer, producer, send)
+        nursery.start_soon(self._watch_drain)
+
+    async def _run_producer(self, producer: Producer, send: trio.MemorySendChannel[bytes]) -> None:
+        async with send:
+            try:
+                await producer(EventSink(send))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the body is gone: the client left
+            except Exception:
+                # Producers emit their own terminal events; this is a bug guard so
+                # that one broken stream never takes the process down with it.
+                log.exception("stream producer failed")
+
+    async def _watch_drain(self) -> None:
+        """Cancel the request when one write has been stuck for drain_timeout."""
+        interval = min(1.0, self._drain_timeout / 4)
+        while True:
+            await trio.sleep(interval)
+            since = self._pending_since
+            if since is not None and trio.current_time() - since > self._drain_timeout:
+                log.warning("client stopped reading for %.0f s; dropping stream", self._drain_timeout)
+                self._scope.cancel()
+                return
+
+    async def body(self) -> AsyncIterator[bytes]:
+        """The response body. Ends when the producer is done."""
+        async with self._receive:
+            while True:
+                chunk: bytes | None = None
+                with trio.move_on_after(self._keepalive if self._keepalive > 0 else math.inf):
+                    try:
+                        chunk = await self._receive.receive()
+                    except trio.EndOfChannel:
+                        return
+                self._pending_since = trio.current_time()
+                yield self._keepalive_frame if chunk is None else chunk
+                self._pending_since = None

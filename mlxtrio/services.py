@@ -1,0 +1,66 @@
+"""The server's long-lived parts, created once per app and started in its lifespan."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .admission import AdmissionLane
+from .engine.engine import Engine
+from .engine.registry import ModelRegistry
+from .metrics import Metrics
+from .settings import Settings
+
+log = logging.getLogger("mlxtrio")
+
+
+def _model_specs(settings: Settings) -> list[tuple[str, str]]:
+    """(public name, path) for the main model and each extra model."""
+    specs = [(settings.served_model_name, settings.model_path)]
+    for item in settings.extra_models:
+        name, sep, path = item.partition("=")
+        if not sep:
+            name, path = item.rstrip("/").split("/")[-1], item
+        specs.append((name.strip(), path.strip()))
+    return specs
+
+
+@dataclass
+class Services:
+    settings: Settings
+    registry: ModelRegistry = field(init=False)
+    lanes: dict[str, AdmissionLane] = field(init=False)
+    metrics: Metrics = field(init=False)
+    started: bool = False
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.registry = ModelRegistry(s.aliases)
+        self.lanes = {}
+        for name, path in _model_specs(s):
+            engine = Engine(
+                name,
+                path,
+                capacity=s.capacity,
+                prefill_chunk=s.prefill_chunk,
+                default_max_tokens=s.default_max_tokens,
+            )
+            self.registry.add(engine)
+            self.lanes[name] = AdmissionLane(name, s.capacity, s.waiting_room)
+        self.metrics = Metrics(self._live_sources)
+
+    def _live_sources(self) -> Iterator[tuple[str, Any, Any]]:
+        for engine in self.registry:
+            yield engine.name, engine, self.lanes[engine.name]
+
+    async def start(self) -> None:
+        """Load every model (each on its own engine thread)."""
+        for engine in self.registry:
+            await engine.start()
+        self.started = True
+
+    async def stop(self) -> None:
+        for engine in self.registry:
+            await engine.stop(self.settings.shutdown_grace)

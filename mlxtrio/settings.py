@@ -1,0 +1,125 @@
+"""One settings object for the whole server.
+
+Values come from, in rising priority: the defaults below, ``MLXTRIO_*`` environment
+variables, then explicit overrides (CLI flags). Every field is documented in the
+README's settings table; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+EMBEDDED_MODEL_NAME = "mlxtrio-tiny"
+EMBEDDED_MODEL_PATH = Path(__file__).parent / "assets" / "tiny-chat"
+
+ENV_PREFIX = "MLXTRIO_"
+
+
+class SettingsError(ValueError):
+    """A setting has a value that cannot be used; the message names it."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Models. ``model`` is a local path or a hub id; empty means the embedded model.
+    model: str = ""
+    model_name: str = ""  # public name; defaults to the path's last part
+    extra_models: tuple[str, ...] = ()  # more models, each "name=path" or "path"
+    # alias -> served model name; "*" catches any unknown name (Claude Code sends
+    # claude-* names for background work).
+    aliases: Mapping[str, str] = field(default_factory=dict)
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str = ""
+
+    # Admission: running sequences per model, and how many may wait for a slot.
+    capacity: int = 4
+    waiting_room: int = 16
+
+    default_max_tokens: int = 4096
+    max_output_tokens: int = 32768
+    prefill_chunk: int = 512
+
+    sse_keepalive: float = 10.0
+    sse_drain_timeout: float = 30.0
+    max_body_bytes: int = 10 * 1024 * 1024
+    shutdown_grace: float = 5.0
+
+    database_url: str = ""
+    log_level: str = "info"
+
+    @property
+    def model_path(self) -> str:
+        return self.model or str(EMBEDDED_MODEL_PATH)
+
+    @property
+    def served_model_name(self) -> str:
+        if self.model_name:
+            return self.model_name
+        if not self.model:
+            return EMBEDDED_MODEL_NAME
+        return self.model.rstrip("/").split("/")[-1]
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> Settings:
+        """Defaults, then ``MLXTRIO_*`` variables, then ``overrides`` (None skipped)."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = environ.get(ENV_PREFIX + f.name.upper())
+            if raw is not None and raw != "":
+                values[f.name] = _parse(f.name, f.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        positive = ("capacity", "default_max_tokens", "max_output_tokens", "prefill_chunk")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.waiting_room < 0:
+            raise SettingsError(f"waiting_room must be 0 or more (got {self.waiting_room})")
+        if not 0 < self.port < 65536:
+            raise SettingsError(f"port must be in 1..65535 (got {self.port})")
+        if self.default_max_tokens > self.max_output_tokens:
+            raise SettingsError("default_max_tokens must not exceed max_output_tokens")
+        for name in ("sse_keepalive", "sse_drain_timeout", "shutdown_grace"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name} must be positive")
+
+
+def parse_aliases(text: str) -> dict[str, str]:
+    """``"a=b,claude-*=mlxtrio-tiny"`` -> ``{"a": "b", "claude-*": "mlxtrio-tiny"}``."""
+    aliases: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        alias, sep, target = item.partition("=")
+        if not sep or not alias.strip() or not target.strip():
+            raise SettingsError(f"aliases: {item!r} is not of the form alias=model")
+        aliases[alias.strip()] = target.strip()
+    return aliases
+
+
+def _parse(name: str, kind: Any, raw: str) -> Any:
+    kind = str(kind)
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        if kind.startswith("tuple"):
+            return tuple(p.strip() for p in raw.split(",") if p.strip())
+        if kind.startswith("Mapping"):
+            return parse_aliases(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{ENV_PREFIX}{name.upper()}={raw!r}: {exc}") from None
+    return raw

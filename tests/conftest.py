@@ -1,0 +1,145 @@
+"""Test harness: the real server (hypercorn's trio worker serving ``create_app``)
+inside the test's nursery on an ephemeral port, the real engine on the embedded
+model, driven over real sockets."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from mlxtrio.app import MlxtrioApp, create_app
+from mlxtrio.engine.engine import Engine
+from mlxtrio.services import Services
+from mlxtrio.settings import Settings
+
+MODEL = "mlxtrio-tiny"
+SCRIPTED = "scripted"
+
+
+@dataclass
+class Server:
+    url: str
+    host: str
+    port: int
+    app: MlxtrioApp
+
+    @property
+    def services(self) -> Services:
+        return self.app.extensions["mlxtrio"]
+
+    @property
+    def engine(self) -> Engine:
+        return self.services.registry.default
+
+    def client(self, **kwargs: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, timeout=60, **kwargs)
+
+
+async def start_server(nursery: trio.Nursery, **overrides: Any) -> Server:
+    settings = Settings.from_env(environ={}, port=8000, **overrides)
+    app = create_app(settings)
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.graceful_timeout = 1
+    binds = await nursery.start(serve, app, config)
+    url = binds[0]
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return Server(url, host, int(port), app)
+
+
+ServerFactory = Callable[..., Any]
+
+
+@pytest.fixture
+async def server_factory(nursery: trio.Nursery) -> AsyncIterator[ServerFactory]:
+    async def factory(**overrides: Any) -> Server:
+        return await start_server(nursery, **overrides)
+
+    yield factory
+
+
+@pytest.fixture
+async def server(server_factory: ServerFactory) -> Server:
+    """The server on the embedded model."""
+    return await server_factory()
+
+
+@pytest.fixture(scope="session")
+def scripted_model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from .scripted_model import build
+
+    return str(build(tmp_path_factory.mktemp("scripted-model")))
+
+
+@pytest.fixture
+async def scripted(server_factory: ServerFactory, scripted_model_path: str) -> Server:
+    """The server on the scripted model (exactly known greedy output)."""
+    return await server_factory(model=scripted_model_path, model_name=SCRIPTED)
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    """Poll a condition on the server's state; fail the test on timeout."""
+    with trio.move_on_after(timeout):
+        while not predicate():
+            await trio.sleep(0.005)
+        return
+    raise AssertionError(f"timed out waiting for {what or predicate}")
+
+
+def parse_sse(raw: str) -> list[tuple[str, dict[str, Any]]]:
+    """Frames with ``event:`` and JSON ``data:`` lines; comments skipped."""
+    events = []
+    for block in raw.split("\n\n"):
+        name, data = None, None
+        for line in block.splitlines():
+            if line.startswith("event: "):
+                name = line[len("event: ") :]
+            elif line.startswith("data: "):
+                data = json.loads(line[len("data: ") :])
+        if name is not None and data is not None:
+            events.append((name, data))
+    return events
+
+
+class RawConnection:
+    """A bare HTTP/1.1 client over a trio socket, for hanging up at exact moments."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.received = b""
+
+    @classmethod
+    async def open(cls, server: Server) -> RawConnection:
+        return cls(await trio.open_tcp_stream(server.host, server.port))
+
+    async def post_json(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        payload = json.dumps(body).encode()
+        lines = [
+            f"POST {path} HTTP/1.1",
+            "Host: test",
+            "Content-Type: application/json",
+            f"Content-Length: {len(payload)}",
+            *(f"{k}: {v}" for k, v in (headers or {}).items()),
+        ]
+        await self.stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode() + payload)
+
+    async def read_until(self, marker: bytes, timeout: float = 30) -> bytes:
+        with trio.fail_after(timeout):
+            while marker not in self.received:
+                chunk = await self.stream.receive_some(65536)
+                if not chunk:
+                    break
+                self.received += chunk
+        return self.received
+
+    async def close(self) -> None:
+        await self.stream.aclose()

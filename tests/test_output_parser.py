@@ -1,0 +1,77 @@
+"""Unit tests of the streaming output parser with scripted text deltas."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+from mlxtrio.engine.output import OutputParser, Segment
+from mlxtrio.settings import EMBEDDED_MODEL_PATH
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(Path(EMBEDDED_MODEL_PATH))
+
+
+def run(parser: OutputParser, deltas: list[str]) -> list[Segment]:
+    out: list[Segment] = []
+    for delta in deltas:
+        out.extend(parser.feed(delta))
+    out.extend(parser.finish())
+    return out
+
+
+def merged(segments: list[Segment]) -> list[tuple[str, str]]:
+    """Adjacent segments of one kind joined; tool calls as their JSON."""
+    result: list[tuple[str, str]] = []
+    for s in segments:
+        text = s.text if s.tool_call is None else json.dumps([s.tool_call.name, json.loads(s.tool_call.arguments)])
+        if result and result[-1][0] == s.kind and s.kind != "tool_call":
+            result[-1] = (s.kind, result[-1][1] + text)
+        else:
+            result.append((s.kind, text))
+    return result
+
+
+def test_plain_text_passes_through(tokenizer) -> None:
+    assert merged(run(OutputParser(tokenizer), ["Hel", "lo", " world", "."])) == [("text", "Hello world.")]
+
+
+def test_reasoning_then_text_with_markers_split_across_deltas(tokenizer) -> None:
+    parser = OutputParser(tokenizer, starts_in_reasoning=True)
+    segments = run(parser, ["\nI should", " greet.\n</th", "ink>\n\n", "Hi", " there"])
+    assert merged(segments) == [("reasoning", "I should greet."), ("text", "Hi there")]
+
+
+def test_tool_call_is_parsed_and_markup_never_leaks(tokenizer) -> None:
+    deltas = ["Let me check.\n", "<tool", '_call>{"name": "get_weather", ', '"arguments": {"city": "Paris"}}', "</tool_call>"]
+    segments = run(OutputParser(tokenizer), deltas)
+    assert merged(segments) == [("text", "Let me check."), ("tool_call", '["get_weather", {"city": "Paris"}]')]
+    assert all("<" not in s.text for s in segments)
+
+
+def test_two_tool_calls_and_whitespace_between(tokenizer) -> None:
+    deltas = ['<tool_call>{"name": "a", "arguments": {}}</tool_call>\n\n<tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>']
+    assert merged(run(OutputParser(tokenizer), deltas)) == [
+        ("tool_call", '["a", {}]'),
+        ("tool_call", '["b", {"x": 1}]'),
+    ]
+
+
+def test_invalid_tool_call_is_dropped_and_counted(tokenizer) -> None:
+    parser = OutputParser(tokenizer)
+    assert merged(run(parser, ["<tool_call>{not json</tool_call>", "ok"])) == [("text", "ok")]
+    assert parser.invalid_tool_calls == 1
+
+
+def test_unterminated_tool_call_is_salvaged_at_finish(tokenizer) -> None:
+    segments = run(OutputParser(tokenizer), ['<tool_call>{"name": "a", "arguments": {"k": "v"}}'])
+    assert merged(segments) == [("tool_call", '["a", {"k": "v"}]')]
+
+
+def test_held_back_prefix_is_flushed_when_it_was_not_a_marker(tokenizer) -> None:
+    assert merged(run(OutputParser(tokenizer), ["a <tool", " b"])) == [("text", "a <tool b")]
