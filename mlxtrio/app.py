@@ -80,7 +80,13 @@ async def _refuse_non_trio(scope: Any, receive: Any, send: Any) -> None:
         return
     if scope["type"] == "http":
         body = TRIO_WORKER_HINT.encode()
-        await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"text/plain")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 500,
+                "headers": [(b"content-type", b"text/plain")],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -105,7 +111,7 @@ def create_app(settings: Settings | None = None) -> MlxtrioApp:
 
     @app.before_serving
     async def _start() -> None:
-        await services.start()
+        services.start(app.nursery)
 
     @app.after_serving
     async def _stop() -> None:

@@ -15,15 +15,23 @@ import trio
 
 from .settings import Settings, SettingsError, parse_aliases
 
+log = logging.getLogger("mlxtrio")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mlxtrio", description="Local MLX server for coding agents")
+    parser = argparse.ArgumentParser(
+        prog="mlxtrio", description="Local MLX server for coding agents"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the OpenAI Responses and Anthropic Messages APIs")
     serve.add_argument("--model", help="model path or hub id (default: the embedded model)")
     serve.add_argument("--model-name", help="public name of --model")
-    serve.add_argument("--extra-model", action="append", dest="extra_models", help="another model, name=path")
-    serve.add_argument("--alias", action="append", dest="aliases", help="alias=model (patterns like claude-*=NAME)")
+    serve.add_argument(
+        "--extra-model", action="append", dest="extra_models", help="another model, name=path"
+    )
+    serve.add_argument(
+        "--alias", action="append", dest="aliases", help="alias=model (patterns like claude-*=NAME)"
+    )
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--api-key")
@@ -34,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--prefill-chunk", type=int)
     serve.add_argument("--sse-keepalive", type=float)
     serve.add_argument("--sse-drain-timeout", type=float)
+    serve.add_argument(
+        "--shutdown-grace", type=float, help="seconds in-flight generations get at shutdown"
+    )
     serve.add_argument("--database-url")
     serve.add_argument("--log-level")
     sub.add_parser("models", help="list the models this configuration would serve")
@@ -44,9 +55,21 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     overrides = {
         key: getattr(args, key, None)
         for key in (
-            "model", "model_name", "host", "port", "api_key", "capacity", "waiting_room",
-            "default_max_tokens", "max_output_tokens", "prefill_chunk", "sse_keepalive",
-            "sse_drain_timeout", "database_url", "log_level",
+            "model",
+            "model_name",
+            "host",
+            "port",
+            "api_key",
+            "capacity",
+            "waiting_room",
+            "default_max_tokens",
+            "max_output_tokens",
+            "prefill_chunk",
+            "sse_keepalive",
+            "sse_drain_timeout",
+            "shutdown_grace",
+            "database_url",
+            "log_level",
         )
     }
     if getattr(args, "extra_models", None):
@@ -56,8 +79,16 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings.from_env(**overrides)
 
 
-async def serve(settings: Settings, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve until cancelled (Ctrl-C / SIGTERM end it through the shutdown trigger)."""
+async def serve(
+    settings: Settings, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve until SIGINT or SIGTERM, then shut down gracefully.
+
+    On a signal: stop taking new generations (503), give in-flight ones
+    ``shutdown_grace`` seconds, cancel the rest - every stream still receives its
+    terminal event - then let hypercorn close the connections and the engines stop.
+    Must run in the main thread (signal handling).
+    """
     from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve
 
@@ -68,7 +99,20 @@ async def serve(settings: Settings, *, task_status: trio.TaskStatus[list[str]] =
     config.accesslog = None
     config.graceful_timeout = settings.shutdown_grace
     app = create_app(settings)
-    await hypercorn_serve(app, config, task_status=task_status)  # type: ignore[arg-type]
+    services = app.extensions["mlxtrio"]
+
+    async def shutdown_trigger() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info(
+                    "%s: finishing in-flight generations (up to %.0f s)",
+                    signal.Signals(signum).name,
+                    settings.shutdown_grace,
+                )
+                break
+        await services.drain()
+
+    await hypercorn_serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)  # type: ignore[arg-type]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -78,18 +122,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if args.command == "models":
         from .services import _model_specs
 
         for name, path in _model_specs(settings):
             print(f"{name}\t{path}")
         return 0
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        trio.run(serve, settings)
-    except KeyboardInterrupt:
-        pass
+    trio.run(serve, settings)
     return 0
 
 

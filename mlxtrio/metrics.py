@@ -20,7 +20,9 @@ class _LiveCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         active = GaugeMetricFamily(
-            "mlxtrio_active_sequences", "Sequences in the engine (prefill or decode)", labels=["model"]
+            "mlxtrio_active_sequences",
+            "Sequences in the engine (prefill or decode)",
+            labels=["model"],
         )
         queued = GaugeMetricFamily(
             "mlxtrio_queued_requests", "Requests waiting for an admission slot", labels=["model"]
@@ -33,7 +35,9 @@ class _LiveCollector(Collector):
         )
         steps = CounterMetricFamily("mlxtrio_engine_steps", "Engine steps", labels=["model"])
         cancelled = CounterMetricFamily(
-            "mlxtrio_cancelled_sequences", "Sequences cancelled before they finished", labels=["model"]
+            "mlxtrio_cancelled_sequences",
+            "Sequences cancelled before they finished",
+            labels=["model"],
         )
         for model, engine, lane in self._sources():
             active.add_metric([model], engine.active_sequences)

@@ -7,8 +7,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import trio
+
 from .admission import AdmissionLane
 from .engine.engine import Engine
+from .engine.handle import EngineError
 from .engine.registry import ModelRegistry
 from .metrics import Metrics
 from .settings import Settings
@@ -55,12 +58,33 @@ class Services:
         for engine in self.registry:
             yield engine.name, engine, self.lanes[engine.name]
 
-    async def start(self) -> None:
-        """Load every model (each on its own engine thread)."""
+    def start(self, nursery: trio.Nursery) -> None:
+        """Start loading every model, each on its own engine thread, and return.
+
+        The server answers while models load: ``/health`` says 503 and generation
+        routes answer 503 until an engine is ready; a model that fails to load
+        stays 503 with the reason.
+        """
         for engine in self.registry:
-            await engine.start()
+            engine.launch()
+            nursery.start_soon(self._report_ready, engine)
         self.started = True
 
+    @staticmethod
+    async def _report_ready(engine: Engine) -> None:
+        try:
+            await engine.wait_ready()
+        except EngineError:
+            pass  # the engine thread logged why; /health reports it
+
+    async def drain(self) -> None:
+        """Refuse new generations; let in-flight ones finish within the grace
+        period, then cancel them (each stream still sends its terminal event)."""
+        async with trio.open_nursery() as nursery:
+            for engine in self.registry:
+                nursery.start_soon(engine.drain, self.settings.shutdown_grace)
+
     async def stop(self) -> None:
-        for engine in self.registry:
-            await engine.stop(self.settings.shutdown_grace)
+        async with trio.open_nursery() as nursery:
+            for engine in self.registry:
+                nursery.start_soon(engine.stop, self.settings.shutdown_grace)

@@ -42,7 +42,7 @@ class Settings:
     capacity: int = 4
     waiting_room: int = 16
 
-    default_max_tokens: int = 4096
+    default_max_tokens: int = 4096  # clamped to max_output_tokens
     max_output_tokens: int = 32768
     prefill_chunk: int = 512
 
@@ -67,9 +67,7 @@ class Settings:
         return self.model.rstrip("/").split("/")[-1]
 
     @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, **overrides: Any
-    ) -> Settings:
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Defaults, then ``MLXTRIO_*`` variables, then ``overrides`` (None skipped)."""
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
@@ -91,8 +89,6 @@ class Settings:
             raise SettingsError(f"waiting_room must be 0 or more (got {self.waiting_room})")
         if not 0 < self.port < 65536:
             raise SettingsError(f"port must be in 1..65535 (got {self.port})")
-        if self.default_max_tokens > self.max_output_tokens:
-            raise SettingsError("default_max_tokens must not exceed max_output_tokens")
         for name in ("sse_keepalive", "sse_drain_timeout", "shutdown_grace"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")

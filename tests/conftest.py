@@ -16,7 +16,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from mlxtrio.app import MlxtrioApp, create_app
-from mlxtrio.engine.engine import Engine
+from mlxtrio.engine.engine import Engine, EngineState
 from mlxtrio.services import Services
 from mlxtrio.settings import Settings
 
@@ -51,6 +51,10 @@ async def start_server(nursery: trio.Nursery, **overrides: Any) -> Server:
     config.accesslog = None
     config.graceful_timeout = 1
     binds = await nursery.start(serve, app, config)
+    for engine in app.extensions["mlxtrio"].registry:
+        with trio.fail_after(60):
+            while engine.state is EngineState.LOADING:
+                await trio.sleep(0.01)
     url = binds[0]
     host, port = url.removeprefix("http://").rsplit(":", 1)
     return Server(url, host, int(port), app)
@@ -121,7 +125,9 @@ class RawConnection:
     async def open(cls, server: Server) -> RawConnection:
         return cls(await trio.open_tcp_stream(server.host, server.port))
 
-    async def post_json(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    async def post_json(
+        self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
         payload = json.dumps(body).encode()
         lines = [
             f"POST {path} HTTP/1.1",

@@ -32,7 +32,13 @@ CHAINS: dict[str, list[str]] = {
     "<|s_think|>": ["Let me", " think.", "</think>", "\n\n", "Sure", "!"],
     "<|s_tool|>": ["<tool_call>", WEATHER_CALL, "</tool_call>"],
     # Markers are matched on text, so one token may carry "</tool_call>\n<tool_call>".
-    "<|s_tools2|>": ["\n<tool_call>", " " + WEATHER_CALL, "</tool_call>\n<tool_call>", TIME_CALL, "</tool_call>"],
+    "<|s_tools2|>": [
+        "\n<tool_call>",
+        " " + WEATHER_CALL,
+        "</tool_call>\n<tool_call>",
+        TIME_CALL,
+        "</tool_call>",
+    ],
     "<|s_after|>": ["It", " is sunny."],
 }
 LOOP_TOKEN = " la"

@@ -29,7 +29,11 @@ def merged(segments: list[Segment]) -> list[tuple[str, str]]:
     """Adjacent segments of one kind joined; tool calls as their JSON."""
     result: list[tuple[str, str]] = []
     for s in segments:
-        text = s.text if s.tool_call is None else json.dumps([s.tool_call.name, json.loads(s.tool_call.arguments)])
+        text = (
+            s.text
+            if s.tool_call is None
+            else json.dumps([s.tool_call.name, json.loads(s.tool_call.arguments)])
+        )
         if result and result[-1][0] == s.kind and s.kind != "tool_call":
             result[-1] = (s.kind, result[-1][1] + text)
         else:
@@ -38,7 +42,9 @@ def merged(segments: list[Segment]) -> list[tuple[str, str]]:
 
 
 def test_plain_text_passes_through(tokenizer) -> None:
-    assert merged(run(OutputParser(tokenizer), ["Hel", "lo", " world", "."])) == [("text", "Hello world.")]
+    assert merged(run(OutputParser(tokenizer), ["Hel", "lo", " world", "."])) == [
+        ("text", "Hello world.")
+    ]
 
 
 def test_reasoning_then_text_with_markers_split_across_deltas(tokenizer) -> None:
@@ -48,14 +54,25 @@ def test_reasoning_then_text_with_markers_split_across_deltas(tokenizer) -> None
 
 
 def test_tool_call_is_parsed_and_markup_never_leaks(tokenizer) -> None:
-    deltas = ["Let me check.\n", "<tool", '_call>{"name": "get_weather", ', '"arguments": {"city": "Paris"}}', "</tool_call>"]
+    deltas = [
+        "Let me check.\n",
+        "<tool",
+        '_call>{"name": "get_weather", ',
+        '"arguments": {"city": "Paris"}}',
+        "</tool_call>",
+    ]
     segments = run(OutputParser(tokenizer), deltas)
-    assert merged(segments) == [("text", "Let me check."), ("tool_call", '["get_weather", {"city": "Paris"}]')]
+    assert merged(segments) == [
+        ("text", "Let me check."),
+        ("tool_call", '["get_weather", {"city": "Paris"}]'),
+    ]
     assert all("<" not in s.text for s in segments)
 
 
 def test_two_tool_calls_and_whitespace_between(tokenizer) -> None:
-    deltas = ['<tool_call>{"name": "a", "arguments": {}}</tool_call>\n\n<tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>']
+    deltas = [
+        '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n\n<tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>'
+    ]
     assert merged(run(OutputParser(tokenizer), deltas)) == [
         ("tool_call", '["a", {}]'),
         ("tool_call", '["b", {"x": 1}]'),

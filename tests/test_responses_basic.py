@@ -8,11 +8,35 @@ import trio
 from .conftest import MODEL, SCRIPTED, Server, parse_sse
 
 REQUIRED_RESPONSE_FIELDS = {
-    "id", "object", "created_at", "completed_at", "status", "error", "incomplete_details",
-    "instructions", "model", "output", "output_text", "parallel_tool_calls", "previous_response_id",
-    "reasoning", "max_output_tokens", "temperature", "top_p", "presence_penalty",
-    "frequency_penalty", "text", "tool_choice", "tools", "truncation", "usage", "user",
-    "service_tier", "store", "background", "metadata",
+    "id",
+    "object",
+    "created_at",
+    "completed_at",
+    "status",
+    "error",
+    "incomplete_details",
+    "instructions",
+    "model",
+    "output",
+    "output_text",
+    "parallel_tool_calls",
+    "previous_response_id",
+    "reasoning",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "text",
+    "tool_choice",
+    "tools",
+    "truncation",
+    "usage",
+    "user",
+    "service_tier",
+    "store",
+    "background",
+    "metadata",
 }
 
 
@@ -22,7 +46,9 @@ def sdk(server: Server) -> openai.AsyncOpenAI:
 
 async def test_sdk_create_returns_full_response_object(server: Server) -> None:
     async with sdk(server) as client:
-        response = await client.responses.create(model=MODEL, input="Say hello.", max_output_tokens=8)
+        response = await client.responses.create(
+            model=MODEL, input="Say hello.", max_output_tokens=8
+        )
     assert response.id.startswith("resp_")
     assert response.status in ("completed", "incomplete")
     assert response.output and response.output[0].type == "message"
@@ -38,7 +64,9 @@ async def test_sdk_create_returns_full_response_object(server: Server) -> None:
 
 async def test_length_finish_is_incomplete(server: Server) -> None:
     async with server.client() as client:
-        r = await client.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 3})
+        r = await client.post(
+            "/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 3}
+        )
     body = r.json()
     assert r.status_code == 200
     if body["usage"]["output_tokens"] == 3 and body["status"] == "incomplete":
@@ -50,7 +78,9 @@ async def test_length_finish_is_incomplete(server: Server) -> None:
 
 async def test_sdk_stream_accumulates_events(scripted: Server) -> None:
     async with sdk(scripted) as client:
-        async with client.responses.stream(model=SCRIPTED, input="Hi!", max_output_tokens=16) as stream:
+        async with client.responses.stream(
+            model=SCRIPTED, input="Hi!", max_output_tokens=16
+        ) as stream:
             kinds = [event.type async for event in stream]
             final = await stream.get_final_response()
     assert kinds[0] == "response.created"
@@ -66,7 +96,8 @@ async def test_sdk_stream_accumulates_events(scripted: Server) -> None:
 async def test_stream_sequence_numbers_and_item_lifecycle(server: Server) -> None:
     async with server.client() as client:
         r = await client.post(
-            "/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 6, "stream": True}
+            "/v1/responses",
+            json={"model": MODEL, "input": "hi", "max_output_tokens": 6, "stream": True},
         )
     assert r.headers["content-type"].startswith("text/event-stream")
     events = parse_sse(r.text)
@@ -75,14 +106,20 @@ async def test_stream_sequence_numbers_and_item_lifecycle(server: Server) -> Non
     added = [d["item"]["id"] for n, d in events if n == "response.output_item.added"]
     done = [d["item"]["id"] for n, d in events if n == "response.output_item.done"]
     assert added == done and added
-    terminal = [n for n, _ in events if n in ("response.completed", "response.incomplete", "response.failed")]
+    terminal = [
+        n
+        for n, _ in events
+        if n in ("response.completed", "response.incomplete", "response.failed")
+    ]
     assert len(terminal) == 1 and events[-1][0] == terminal[0]
 
 
 async def test_two_concurrent_requests_share_a_batch(server: Server) -> None:
     async def one() -> None:
         async with server.client() as client:
-            r = await client.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 64})
+            r = await client.post(
+                "/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 64}
+            )
             assert r.status_code == 200
 
     async with trio.open_nursery() as nursery:

@@ -13,7 +13,11 @@ WEATHER_TOOL = {
     "type": "function",
     "name": "get_weather",
     "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
 }
 TIME_TOOL = {
     "type": "function",
@@ -62,14 +66,17 @@ async def test_two_tool_calls_in_one_turn(scripted: Server) -> None:
 
 
 async def test_reasoning_item_closes_before_message(scripted: Server) -> None:
-    events = await stream_events(scripted, {"input": "Think first.", "reasoning": {"effort": "medium"}})
+    events = await stream_events(
+        scripted, {"input": "Think first.", "reasoning": {"effort": "medium"}}
+    )
     names = [name for name, _ in events]
     assert names == [
         "response.created",
         "response.in_progress",
         "response.output_item.added",
         "response.reasoning_summary_part.added",
-        *["response.reasoning_summary_text.delta"] * names.count("response.reasoning_summary_text.delta"),
+        *["response.reasoning_summary_text.delta"]
+        * names.count("response.reasoning_summary_text.delta"),
         "response.reasoning_summary_text.done",
         "response.reasoning_summary_part.done",
         "response.output_item.done",
@@ -91,8 +98,12 @@ async def test_reasoning_item_closes_before_message(scripted: Server) -> None:
 
 
 async def test_tool_round_trip_by_full_history(scripted: Server) -> None:
-    async with openai.AsyncOpenAI(base_url=scripted.url + "/v1", api_key="x", max_retries=0) as client:
-        first = await client.responses.create(model=SCRIPTED, input="Weather?", tools=[WEATHER_TOOL])
+    async with openai.AsyncOpenAI(
+        base_url=scripted.url + "/v1", api_key="x", max_retries=0
+    ) as client:
+        first = await client.responses.create(
+            model=SCRIPTED, input="Weather?", tools=[WEATHER_TOOL]
+        )
         call = first.output[0]
         assert call.type == "function_call"
         second = await client.responses.create(
@@ -100,7 +111,12 @@ async def test_tool_round_trip_by_full_history(scripted: Server) -> None:
             tools=[WEATHER_TOOL],
             input=[
                 {"role": "user", "content": "Weather?"},
-                {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+                {
+                    "type": "function_call",
+                    "call_id": call.call_id,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                },
                 {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21C"},
             ],
         )
@@ -109,8 +125,12 @@ async def test_tool_round_trip_by_full_history(scripted: Server) -> None:
 
 
 async def test_sdk_stream_with_tool_call(scripted: Server) -> None:
-    async with openai.AsyncOpenAI(base_url=scripted.url + "/v1", api_key="x", max_retries=0) as client:
-        async with client.responses.stream(model=SCRIPTED, input="Weather?", tools=[WEATHER_TOOL]) as stream:
+    async with openai.AsyncOpenAI(
+        base_url=scripted.url + "/v1", api_key="x", max_retries=0
+    ) as client:
+        async with client.responses.stream(
+            model=SCRIPTED, input="Weather?", tools=[WEATHER_TOOL]
+        ) as stream:
             async for _ in stream:
                 pass
             final = await stream.get_final_response()
@@ -122,7 +142,8 @@ async def test_sdk_stream_with_tool_call(scripted: Server) -> None:
 async def test_non_streaming_matches_streaming_output(scripted: Server) -> None:
     async with scripted.client() as client:
         r = await client.post(
-            "/v1/responses", json={"model": SCRIPTED, "input": "Think.", "reasoning": {"effort": "high"}}
+            "/v1/responses",
+            json={"model": SCRIPTED, "input": "Think.", "reasoning": {"effort": "high"}},
         )
     body = r.json()
     assert [item["type"] for item in body["output"]] == ["reasoning", "message"]

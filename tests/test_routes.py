@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import httpx
-
 from .conftest import MODEL, Server
 
 
@@ -69,7 +67,10 @@ async def test_unknown_anthropic_route_uses_anthropic_envelope(server: Server) -
     assert r.status_code == 404
     assert r.json() == {
         "type": "error",
-        "error": {"type": "not_found_error", "message": "No route matches GET /v1/messages/nothing"},
+        "error": {
+            "type": "not_found_error",
+            "message": "No route matches GET /v1/messages/nothing",
+        },
     }
 
 
@@ -83,7 +84,9 @@ async def test_wrong_method_is_json_405_with_allow(server: Server) -> None:
 
 async def test_invalid_json_is_400(server: Server) -> None:
     async with server.client() as client:
-        r = await client.post("/v1/responses", content=b"{not json", headers={"content-type": "application/json"})
+        r = await client.post(
+            "/v1/responses", content=b"{not json", headers={"content-type": "application/json"}
+        )
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error"
@@ -126,12 +129,18 @@ async def test_api_key_checks(server_factory) -> None:
     body = {"model": MODEL, "input": "hi", "max_output_tokens": 1}
     async with server.client() as client:
         missing = await client.post("/v1/responses", json=body)
-        wrong = await client.post("/v1/responses", json=body, headers={"Authorization": "Bearer nope"})
-        bearer = await client.post("/v1/responses", json=body, headers={"Authorization": "Bearer sekret"})
+        wrong = await client.post(
+            "/v1/responses", json=body, headers={"Authorization": "Bearer nope"}
+        )
+        bearer = await client.post(
+            "/v1/responses", json=body, headers={"Authorization": "Bearer sekret"}
+        )
         x_key = await client.post("/v1/responses", json=body, headers={"x-api-key": "sekret"})
         # x-api-key is checked first: a wrong one fails even with a right bearer.
         both = await client.post(
-            "/v1/responses", json=body, headers={"x-api-key": "nope", "Authorization": "Bearer sekret"}
+            "/v1/responses",
+            json=body,
+            headers={"x-api-key": "nope", "Authorization": "Bearer sekret"},
         )
         anthropic = await client.post("/v1/messages?beta=true", json={})
         health = await client.get("/health")
@@ -159,8 +168,16 @@ async def test_validation_errors_have_param(server: Server) -> None:
         ({"model": MODEL, "input": 5}, 400, "input"),
         ({"model": MODEL, "input": "hi", "max_output_tokens": 0}, 400, "max_output_tokens"),
         ({"model": MODEL, "input": "hi", "max_output_tokens": True}, 400, "max_output_tokens"),
-        ({"model": MODEL, "input": "hi", "max_output_tokens": 2147483648}, 400, "max_output_tokens"),
-        ({"model": MODEL, "input": "hi", "metadata": {"retention_seconds": 5}}, 400, "metadata.retention_seconds"),
+        (
+            {"model": MODEL, "input": "hi", "max_output_tokens": 2147483648},
+            400,
+            "max_output_tokens",
+        ),
+        (
+            {"model": MODEL, "input": "hi", "metadata": {"retention_seconds": 5}},
+            400,
+            "metadata.retention_seconds",
+        ),
         ({"model": MODEL, "input": "hi", "temperature": 9}, 400, "temperature"),
         ({"model": MODEL, "input": [{"type": "bogus"}]}, 400, "input"),
         ({"model": MODEL, "input": [{"role": "wizard", "content": "x"}]}, 400, "input"),
@@ -188,7 +205,8 @@ async def test_alias_pattern_resolves_to_served_model(server_factory) -> None:
     server = await server_factory(aliases={"claude-*": MODEL})
     async with server.client() as client:
         r = await client.post(
-            "/v1/responses", json={"model": "claude-haiku-4-5", "input": "hi", "max_output_tokens": 2}
+            "/v1/responses",
+            json={"model": "claude-haiku-4-5", "input": "hi", "max_output_tokens": 2},
         )
     assert r.status_code == 200
     assert r.json()["model"] == "claude-haiku-4-5"  # echoed verbatim
@@ -200,5 +218,3 @@ async def test_no_stack_trace_on_garbage(server: Server) -> None:
             r = await client.post("/v1/responses", content=content)
             assert r.status_code == 400, content
             assert "Traceback" not in r.text
-
-

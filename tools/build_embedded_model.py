@@ -67,8 +67,8 @@ CHAT_TEMPLATE = (
     "{%- if ns.start == 1 -%}{{- messages[0].content + '\\n\\n' -}}{%- endif -%}"
     "{{- 'You can call these tools:\\n<tools>\\n' -}}"
     "{%- for tool in tools -%}{{- tool | tojson -}}{{- '\\n' -}}{%- endfor -%}"
-    "{{- '</tools>\\nTo call a tool, answer with <tool_call>{\"name\": \"<tool name>\", "
-    "\"arguments\": {<arguments as JSON>}}</tool_call><|im_end|>\\n' -}}"
+    '{{- \'</tools>\\nTo call a tool, answer with <tool_call>{"name": "<tool name>", '
+    '"arguments": {<arguments as JSON>}}</tool_call><|im_end|>\\n\' -}}'
     "{%- elif ns.start == 1 -%}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' -}}"
     "{%- endif -%}"
@@ -80,7 +80,7 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{{- message.content or '' -}}"
     "{%- for tool_call in message.tool_calls or [] -%}"
-    "{{- '<tool_call>{\"name\": \"' + tool_call.name + '\", \"arguments\": ' -}}"
+    '{{- \'<tool_call>{"name": "\' + tool_call.name + \'", "arguments": \' -}}'
     "{{- tool_call.arguments | tojson -}}{{- '}</tool_call>' -}}"
     "{%- endfor -%}"
     "{{- '<|im_end|>\\n' -}}"
@@ -196,9 +196,7 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent.parent / "mlxtrio/assets/tiny-chat"
     )
-    parser.add_argument(
-        "--no-weights", action="store_true", help="write tokenizer and config only"
-    )
+    parser.add_argument("--no-weights", action="store_true", help="write tokenizer and config only")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     build_tokenizer(args.out, args.seed)

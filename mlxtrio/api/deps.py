@@ -41,5 +41,9 @@ def resolve_engine(model: str) -> Engine:
     if engine.state is EngineState.LOADING:
         raise unavailable(f"Model {engine.name!r} is still loading; retry shortly")
     if engine.state is not EngineState.READY:
-        raise ApiError(503, f"Model {engine.name!r} is not serving ({engine.state.value}: {engine.error})", "server_error")
+        raise ApiError(
+            503,
+            f"Model {engine.name!r} is not serving ({engine.state.value}: {engine.error})",
+            "server_error",
+        )
     return engine

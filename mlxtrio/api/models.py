@@ -23,6 +23,12 @@ async def list_models() -> Response:
     for alias, target in registry.aliases.items():
         if not any(c in alias for c in "*?["):
             data.append(
-                {"id": alias, "object": "model", "created": _STARTED, "owned_by": "mlxtrio", "alias_of": target}
+                {
+                    "id": alias,
+                    "object": "model",
+                    "created": _STARTED,
+                    "owned_by": "mlxtrio",
+                    "alias_of": target,
+                }
             )
     return jsonify({"object": "list", "data": data})

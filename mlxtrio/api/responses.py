@@ -20,7 +20,7 @@ from ..chat.turn import TurnResult, run_turn
 from ..engine.engine import Engine
 from ..engine.handle import EngineError
 from ..engine.types import SamplingParams
-from ..http.errors import ApiError, invalid_request, rate_limited, server_error
+from ..http.errors import ApiError, invalid_request, rate_limited, server_error, unavailable
 from ..http.sse import SSE_HEADERS, EventSink, EventStream
 from ..http.transport import read_json_body
 from ..protocol.openai_responses import ResponseObject, TextConfig
@@ -30,6 +30,8 @@ from .responses_events import ResponseAssembler
 log = logging.getLogger("mlxtrio.responses")
 
 blueprint = Blueprint("responses", __name__)
+
+SHUTDOWN_MESSAGE = "generation was cancelled because the server is shutting down; retry"
 
 
 @blueprint.route("/v1/responses", methods=["POST"])
@@ -48,6 +50,8 @@ async def create_response() -> Response:
         result = await generate(engine, ticket, prompt, sampling, conversation, assembler)
     finally:
         ticket.release()
+    if result.finish_reason == "cancelled":
+        raise unavailable(SHUTDOWN_MESSAGE)
     await assembler.finish(result)
     return jsonify(response.wire())
 
@@ -65,7 +69,9 @@ async def render_prompt(engine: Engine, conversation: Conversation) -> RenderedP
     return prompt
 
 
-def sampling_for(request: ResponsesRequest, engine: Engine, prompt: RenderedPrompt) -> SamplingParams:
+def sampling_for(
+    request: ResponsesRequest, engine: Engine, prompt: RenderedPrompt
+) -> SamplingParams:
     settings = services().settings
     wanted = request.max_output_tokens or settings.default_max_tokens
     room = engine.context_length - len(prompt.tokens)
@@ -103,7 +109,9 @@ def initial_response(request: ResponsesRequest) -> ResponseObject:
         text=TextConfig(**{"verbosity": "medium", **text}),
         store=body.get("store") is not False,
         metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
-        prompt_cache_key=body.get("prompt_cache_key") if isinstance(body.get("prompt_cache_key"), str) else None,
+        prompt_cache_key=body.get("prompt_cache_key")
+        if isinstance(body.get("prompt_cache_key"), str)
+        else None,
         user=body.get("user") if isinstance(body.get("user"), str) else None,
     )
 
@@ -152,6 +160,9 @@ def stream_response(
             return
         finally:
             ticket.release()
+        if result.finish_reason == "cancelled":  # only the server cancels a live stream
+            await assembler.fail(SHUTDOWN_MESSAGE, code="server_shutting_down")
+            return
         await assembler.finish(result)
 
     stream = EventStream(

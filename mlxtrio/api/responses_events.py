@@ -80,7 +80,11 @@ class ResponseAssembler:
         if item is None:
             item = self._reasoning = ReasoningItem(summary=[], status=None)
             self.response.output.append(item)
-            await self._send("response.output_item.added", output_index=self._index(item), item=item.model_dump(mode="json"))
+            await self._send(
+                "response.output_item.added",
+                output_index=self._index(item),
+                item=item.model_dump(mode="json"),
+            )
             item.summary.append(SummaryText(text=""))
             await self._send(
                 "response.reasoning_summary_part.added",
@@ -104,7 +108,11 @@ class ResponseAssembler:
             return
         index, text = self._index(item), item.summary[0].text
         await self._send(
-            "response.reasoning_summary_text.done", item_id=item.id, output_index=index, summary_index=0, text=text
+            "response.reasoning_summary_text.done",
+            item_id=item.id,
+            output_index=index,
+            summary_index=0,
+            text=text,
         )
         await self._send(
             "response.reasoning_summary_part.done",
@@ -113,7 +121,9 @@ class ResponseAssembler:
             summary_index=0,
             part={"type": "summary_text", "text": text},
         )
-        await self._send("response.output_item.done", output_index=index, item=item.model_dump(mode="json"))
+        await self._send(
+            "response.output_item.done", output_index=index, item=item.model_dump(mode="json")
+        )
 
     # -- message -----------------------------------------------------------
 
@@ -124,7 +134,9 @@ class ResponseAssembler:
             item = self._message = MessageItem()
             self.response.output.append(item)
             index = self._index(item)
-            await self._send("response.output_item.added", output_index=index, item=item.model_dump(mode="json"))
+            await self._send(
+                "response.output_item.added", output_index=index, item=item.model_dump(mode="json")
+            )
             item.content.append(OutputText())
             await self._send(
                 "response.content_part.added",
@@ -150,7 +162,12 @@ class ResponseAssembler:
         item.status = status  # type: ignore[assignment]
         index, part = self._index(item), item.content[0]
         await self._send(
-            "response.output_text.done", item_id=item.id, output_index=index, content_index=0, text=part.text, logprobs=[]
+            "response.output_text.done",
+            item_id=item.id,
+            output_index=index,
+            content_index=0,
+            text=part.text,
+            logprobs=[],
         )
         await self._send(
             "response.content_part.done",
@@ -159,7 +176,9 @@ class ResponseAssembler:
             content_index=0,
             part=part.model_dump(mode="json"),
         )
-        await self._send("response.output_item.done", output_index=index, item=item.model_dump(mode="json"))
+        await self._send(
+            "response.output_item.done", output_index=index, item=item.model_dump(mode="json")
+        )
 
     # -- tool calls --------------------------------------------------------
 
@@ -169,8 +188,15 @@ class ResponseAssembler:
         item = FunctionCallItem(name=call.name, arguments="", status="in_progress")
         self.response.output.append(item)
         index = self._index(item)
-        await self._send("response.output_item.added", output_index=index, item=item.model_dump(mode="json"))
-        await self._send("response.function_call_arguments.delta", item_id=item.id, output_index=index, delta=call.arguments)
+        await self._send(
+            "response.output_item.added", output_index=index, item=item.model_dump(mode="json")
+        )
+        await self._send(
+            "response.function_call_arguments.delta",
+            item_id=item.id,
+            output_index=index,
+            delta=call.arguments,
+        )
         item.arguments = call.arguments
         await self._send(
             "response.function_call_arguments.done",
@@ -180,7 +206,9 @@ class ResponseAssembler:
             arguments=call.arguments,
         )
         item.status = "completed"
-        await self._send("response.output_item.done", output_index=index, item=item.model_dump(mode="json"))
+        await self._send(
+            "response.output_item.done", output_index=index, item=item.model_dump(mode="json")
+        )
 
     # -- terminal ----------------------------------------------------------
 
@@ -191,10 +219,15 @@ class ResponseAssembler:
         await self._close_message("incomplete" if incomplete else "completed")
         response = self.response
         response.status = "incomplete" if incomplete else "completed"
-        response.incomplete_details = IncompleteDetails(reason="max_output_tokens") if incomplete else None
+        response.incomplete_details = (
+            IncompleteDetails(reason="max_output_tokens") if incomplete else None
+        )
         response.completed_at = None if incomplete else int(time.time())
         response.output_text = "".join(
-            part.text for item in response.output if isinstance(item, MessageItem) for part in item.content
+            part.text
+            for item in response.output
+            if isinstance(item, MessageItem)
+            for part in item.content
         )
         response.usage = usage_of(result, extra_usage)
         event = "response.incomplete" if incomplete else "response.completed"

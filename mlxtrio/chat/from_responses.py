@@ -132,7 +132,9 @@ def _text_of(content: Any, role: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise invalid_request(f'Message content for role "{role}" must be a string or an array', "input")
+        raise invalid_request(
+            f'Message content for role "{role}" must be a string or an array', "input"
+        )
     parts = []
     for part in content:
         if not isinstance(part, dict):
@@ -205,7 +207,11 @@ def to_conversation(request: ResponsesRequest) -> Conversation:
             text = "".join(p.get("text", "") for p in summary if isinstance(p, dict))
             current_assistant().reasoning += text
         elif kind in ("function_call", "custom_tool_call"):
-            raw = item.get("arguments") if kind == "function_call" else {"input": item.get("input", "")}
+            raw = (
+                item.get("arguments")
+                if kind == "function_call"
+                else {"input": item.get("input", "")}
+            )
             call_id = item.get("call_id") or item.get("id") or ""
             current_assistant().tool_calls.append(
                 ToolCall(str(call_id), str(item.get("name", "")), _arguments(raw))
@@ -217,10 +223,11 @@ def to_conversation(request: ResponsesRequest) -> Conversation:
                 raise invalid_request("tool message missing tool_call_id", "input")
             output = item.get("output", "")
             if not isinstance(output, str):
-                output = _text_of(output, "tool") if isinstance(output, list) else json.dumps(output)
+                output = (
+                    _text_of(output, "tool") if isinstance(output, list) else json.dumps(output)
+                )
             messages.append(Message("tool", output, tool_call_id=call_id))
         else:
             raise invalid_request(f'Unsupported input item type: "{kind}"', "input")
     flush()
     return Conversation(messages, offered_tools(request), request.thinking)
-

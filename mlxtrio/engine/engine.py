@@ -99,20 +99,31 @@ class Engine:
         """Sequences submitted and not yet finished (as the Trio side sees them)."""
         return len(self._live_handles)
 
-    async def start(self) -> None:
-        """Start the engine thread and wait until the model is loaded.
+    def launch(self) -> None:
+        """Start the engine thread, which loads the model; returns at once.
 
-        Cancelling the wait does not stop the load; call :meth:`stop` for that.
-        Raises :class:`EngineError` if loading failed.
+        Must be called from the Trio thread. The thread is a daemon so that a
+        wedged MLX call can never keep the process alive; :meth:`stop` joins it.
         """
+        if self._thread is not None:
+            return
         self._trio_token = trio.lowlevel.current_trio_token()
         self._thread = threading.Thread(
             target=self._thread_main, name=f"mlxtrio-engine-{self.name}", daemon=True
         )
         self._thread.start()
+
+    async def wait_ready(self) -> None:
+        """Wait until the model is loaded. Raises :class:`EngineError` if loading
+        failed. Cancelling the wait does not stop the load (use :meth:`stop`)."""
         await self._ready.wait()
         if self.state is not EngineState.READY:
             raise EngineError(f"model {self.name!r} failed to load: {self.error}")
+
+    async def start(self) -> None:
+        """:meth:`launch`, then :meth:`wait_ready`."""
+        self.launch()
+        await self.wait_ready()
 
     def submit(self, prompt: list[int], sampling: SamplingParams) -> GenerationHandle:
         """Queue a sequence for generation; returns at once.
@@ -131,22 +142,26 @@ class Engine:
         self._commands.put(("submit", handle))
         return handle
 
-    async def stop(self, grace: float) -> None:
-        """Stop serving: refuse new work, give in-flight sequences ``grace``
-        seconds to finish, cancel the rest, then join the engine thread.
-
-        Safe to call more than once, and on an engine that failed to load.
-        """
-        if self._thread is None:
-            return
+    async def drain(self, grace: float) -> None:
+        """Refuse new work, give in-flight sequences ``grace`` seconds to finish,
+        then cancel the rest (their consumers see ``finish_reason="cancelled"``)."""
         if self.state is EngineState.READY:
             self.state = EngineState.STOPPING
         with trio.move_on_after(grace):
             await self._idle.wait()
         for handle in list(self._live_handles):
             handle.cancel()
-        with trio.move_on_after(grace):
+        with trio.move_on_after(max(grace, 1.0)):
             await self._idle.wait()
+
+    async def stop(self, grace: float) -> None:
+        """:meth:`drain`, then join the engine thread.
+
+        Safe to call more than once, and on an engine that failed to load.
+        """
+        if self._thread is None:
+            return
+        await self.drain(grace)
         self._commands.put(("shutdown", None))
         thread = self._thread
         with trio.move_on_after(max(grace, 1.0)):
@@ -187,8 +202,11 @@ class Engine:
             self._post(self._ready.set)
             self._serve(gen)
         except BaseException as exc:  # the thread must report, never die silently
-            log.exception("engine %s failed", self.name)
             self.error = f"{type(exc).__name__}: {exc}"
+            if self.state is EngineState.LOADING:
+                log.error("cannot load model %s from %s: %s", self.name, self.path, self.error)
+            else:
+                log.exception("engine %s failed", self.name)
             self.state = EngineState.FAILED
             self._post(self._ready.set)
             self._fail_all(self.error)
@@ -291,6 +309,7 @@ class Engine:
             self.stats.cancel_latency_steps.append(latency)
             del self.stats.cancel_latency_steps[:-_LATENCY_HISTORY]
         self._finish_stats(seq, time.perf_counter())
+        self.stats.last_cancelled = seq.stats
         self._post(self._deliver_batch, [(handle, _final("cancelled", seq.stats))])
 
     def _collect(

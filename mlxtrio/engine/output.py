@@ -119,7 +119,9 @@ class OutputParser:
         return [Segment("tool_call", tool_call=call)]
 
 
-def parse_tool_call(tokenizer: Any, raw: str, tools: list[dict[str, Any]] | None) -> ParsedToolCall | None:
+def parse_tool_call(
+    tokenizer: Any, raw: str, tools: list[dict[str, Any]] | None
+) -> ParsedToolCall | None:
     parser = getattr(tokenizer, "tool_parser", None)
     if parser is None or not raw.strip():
         return None

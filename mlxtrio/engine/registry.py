@@ -52,4 +52,6 @@ class ModelRegistry:
                     break
         if target is not None and target in self._engines:
             return self._engines[target]
-        raise UnknownModel(name, self.names() + [a for a in self.aliases if not any(c in a for c in "*?[")])
+        raise UnknownModel(
+            name, self.names() + [a for a in self.aliases if not any(c in a for c in "*?[")]
+        )

@@ -73,3 +73,5 @@ class EngineStats:
     generated_tokens: int = 0
     # Steps between cancel() and removal, most recent last (bounded).
     cancel_latency_steps: list[int] = field(default_factory=list)
+    # What the most recently cancelled sequence had done when it was removed.
+    last_cancelled: GenerationStats | None = None

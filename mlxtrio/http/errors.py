@@ -84,7 +84,11 @@ def server_error(message: str) -> ApiError:
 
 def rate_limited(message: str, retry_after: int = 1) -> ApiError:
     return ApiError(
-        429, message, "rate_limit_error", code="queue_full", headers={"Retry-After": str(retry_after)}
+        429,
+        message,
+        "rate_limit_error",
+        code="queue_full",
+        headers={"Retry-After": str(retry_after)},
     )
 
 

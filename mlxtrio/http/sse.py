@@ -101,7 +101,9 @@ class EventStream:
             await trio.sleep(interval)
             since = self._pending_since
             if since is not None and trio.current_time() - since > self._drain_timeout:
-                log.warning("client stopped reading for %.0f s; dropping stream", self._drain_timeout)
+                log.warning(
+                    "client stopped reading for %.0f s; dropping stream", self._drain_timeout
+                )
                 self._scope.cancel()
                 return
 

@@ -58,9 +58,7 @@ async def read_json_body() -> Any:
 
 def too_large() -> ApiError:
     limit = request.max_content_length or 0
-    return ApiError(
-        413, f"Request body too large (limit {limit} bytes)", "invalid_request_error"
-    )
+    return ApiError(413, f"Request body too large (limit {limit} bytes)", "invalid_request_error")
 
 
 def _check_api_key(expected: str) -> None:
@@ -70,7 +68,11 @@ def _check_api_key(expected: str) -> None:
         scheme, _, token = auth.partition(" ")
         supplied = token.strip() if scheme.lower() == "bearer" else None
     if supplied is None:
-        raise ApiError(401, "Missing API key: send it in x-api-key or Authorization: Bearer", "authentication_error")
+        raise ApiError(
+            401,
+            "Missing API key: send it in x-api-key or Authorization: Bearer",
+            "authentication_error",
+        )
     if not hmac.compare_digest(supplied.encode(), expected.encode()):
         raise ApiError(401, "Invalid API key", "authentication_error")
 
@@ -103,7 +105,9 @@ def install(app: Quart, api_key: str) -> None:
     async def _http_error(error: HTTPException) -> Response:
         status = error.code or 500
         if status == 404:
-            api_error = ApiError(404, f"No route matches {request.method} {request.path}", "not_found_error")
+            api_error = ApiError(
+                404, f"No route matches {request.method} {request.path}", "not_found_error"
+            )
         elif status == 405:
             allowed = sorted(getattr(error, "valid_methods", None) or [])
             api_error = ApiError(

@@ -1,0 +1,112 @@
+"""Entry points: hypercorn's asyncio worker is refused with one line; the CLI serves."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import httpx
+import trio
+
+from mlxtrio.cli import build_parser, settings_from_args
+from mlxtrio.settings import Settings, SettingsError
+
+BIN = Path(sys.executable).parent
+
+
+async def test_asyncio_worker_refuses_with_one_clear_line() -> None:
+    env = {**os.environ, "MLXTRIO_LOG_LEVEL": "warning"}
+    result = await trio.run_process(
+        [str(BIN / "hypercorn"), "--bind", "127.0.0.1:0", "mlxtrio.app:app"],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        env=env,
+    )
+    err = result.stderr.decode()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [
+        "error: mlxtrio needs hypercorn's trio worker: run `hypercorn -k trio mlxtrio.app:app` (or `mlxtrio serve`)"
+    ]
+    assert "Traceback" not in err
+
+
+async def test_mlxtrio_serve_cli_serves_and_shuts_down_gracefully(nursery: trio.Nursery) -> None:
+    port = 18765
+    proc = await nursery.start(
+        lambda task_status: trio.run_process(
+            [
+                str(BIN / "mlxtrio"),
+                "serve",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                "--shutdown-grace",
+                "0.5",
+            ],
+            check=False,
+            task_status=task_status,
+        )
+    )
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        with trio.fail_after(60):
+            while True:
+                try:
+                    r = await client.get("/health")
+                    if r.status_code == 200:
+                        break
+                    assert r.status_code == 503  # loading
+                except httpx.TransportError:
+                    pass
+                await trio.sleep(0.1)
+        r = await client.post(
+            "/v1/responses", json={"model": "mlxtrio-tiny", "input": "hi", "max_output_tokens": 4}
+        )
+        assert r.status_code == 200
+        # A long stream in flight at shutdown still gets its terminal event.
+        body = {"model": "mlxtrio-tiny", "input": "hi", "stream": True, "max_output_tokens": 30000}
+        async with client.stream("POST", "/v1/responses", json=body) as stream:
+            lines = stream.aiter_lines()
+            async for line in lines:
+                if "output_text.delta" in line:
+                    break
+            proc.send_signal(signal.SIGTERM)
+            rest = [line async for line in lines]
+    assert any("response.failed" in line for line in rest), rest[-3:]
+    assert "server_shutting_down" in rest[-1] or any("server_shutting_down" in x for x in rest)
+    with trio.fail_after(15):
+        await proc.wait()
+    assert proc.returncode == 0
+
+
+def test_settings_precedence_env_then_flags() -> None:
+    args = build_parser().parse_args(["serve", "--capacity", "3", "--alias", "claude-*=x"])
+    env = {"MLXTRIO_CAPACITY": "7", "MLXTRIO_WAITING_ROOM": "2", "MLXTRIO_PORT": "9000"}
+    os.environ.update(env)
+    try:
+        settings = settings_from_args(args)
+    finally:
+        for key in env:
+            del os.environ[key]
+    assert settings.capacity == 3  # flag wins
+    assert settings.waiting_room == 2  # env
+    assert settings.port == 9000
+    assert settings.aliases == {"claude-*": "x"}
+    assert Settings().host == "127.0.0.1" and Settings().port == 8000
+
+
+def test_bad_settings_are_reported_by_name() -> None:
+    for env, word in (
+        ({"MLXTRIO_CAPACITY": "0"}, "capacity"),
+        ({"MLXTRIO_PORT": "abc"}, "MLXTRIO_PORT"),
+        ({"MLXTRIO_ALIASES": "nonsense"}, "aliases"),
+    ):
+        try:
+            Settings.from_env(environ=env)
+        except SettingsError as exc:
+            assert word in str(exc)
+        else:
+            raise AssertionError(f"{env} was accepted")
