@@ -16,7 +16,7 @@ import sniffio
 import trio
 from quart_trio import QuartTrio
 
-from .api import health, models, responses
+from .api import health, messages, models, responses
 from .api.deps import CLEANUP_KEY, NURSERY_KEY
 from .http import transport
 from .services import Services
@@ -105,7 +105,7 @@ def create_app(settings: Settings | None = None) -> MlxtrioApp:
     services = Services(settings)
     app.extensions["mlxtrio"] = services
     transport.install(app, settings.api_key)
-    for blueprint in (health.blueprint, models.blueprint, responses.blueprint):
+    for blueprint in (health.blueprint, models.blueprint, responses.blueprint, messages.blueprint):
         app.register_blueprint(blueprint)
     _count_requests(app, services)
 

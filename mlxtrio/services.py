@@ -40,7 +40,11 @@ class Services:
 
     def __post_init__(self) -> None:
         s = self.settings
-        self.registry = ModelRegistry(s.aliases)
+        # Claude Code names its models claude-*; unless configured otherwise they
+        # all go to the main model.
+        self.registry = ModelRegistry(
+            {**s.aliases, "claude-*": s.aliases.get("claude-*", s.served_model_name)}
+        )
         self.lanes = {}
         for name, path in _model_specs(s):
             engine = Engine(

@@ -15,13 +15,15 @@ from ..engine.engine import Engine
 from ..engine.output import OutputParser, ParsedToolCall, Segment
 from ..engine.types import GenerationStats, SamplingParams
 from .prompt import RenderedPrompt
+from .stops import StopScanner
 
 OnSegment = Callable[[Segment], Awaitable[None]]
 
 
 @dataclass
 class TurnResult:
-    finish_reason: str = "stop"  # stop | length | cancelled
+    finish_reason: str = "stop"  # stop | length | cancelled | stop_sequence
+    stop_sequence: str | None = None
     text: str = ""
     reasoning: str = ""
     tool_calls: list[ParsedToolCall] = field(default_factory=list)
@@ -36,6 +38,7 @@ async def run_turn(
     sampling: SamplingParams,
     on_segment: OnSegment,
     tools: list[dict[str, Any]] | None = None,
+    stop_sequences: list[str] | None = None,
 ) -> TurnResult:
     """Generate one turn, calling ``on_segment`` for each parsed segment in order.
 
@@ -43,13 +46,22 @@ async def run_turn(
     queued leaves the queue with no engine work). Any exit - including
     cancellation by a client disconnect - cancels the sequence in the engine.
     Raises :class:`~mlxtrio.engine.handle.EngineError` if the engine fails.
+
+    Stop sequences are matched on the visible text, across deltas; a match ends
+    the turn at once (``finish_reason="stop_sequence"``) and stops generation.
     """
     result = TurnResult()
     parser = OutputParser(engine.tokenizer, tools, prompt.starts_in_reasoning)
+    stops = StopScanner(stop_sequences or [])
 
     async def emit(segments: list[Segment]) -> None:
         for segment in segments:
+            if stops.matched is not None:
+                return
             if segment.kind == "text":
+                segment = Segment("text", stops.push(segment.text))
+                if not segment.text:
+                    continue
                 result.text += segment.text
             elif segment.kind == "reasoning":
                 result.reasoning += segment.text
@@ -63,7 +75,18 @@ async def run_turn(
                 if parser.state == "reasoning":
                     result.reasoning_tokens += len(event.token_ids)
                 await emit(parser.feed(event.text))
-            await emit(parser.finish())
-            result.finish_reason = handle.finish_reason or "stop"
+                if stops.matched is not None:
+                    # Stop generating now; the final event (within one engine
+                    # step) still brings exact usage.
+                    handle.cancel()
+                    async for _ in handle:
+                        pass
+                    break
+            else:
+                await emit(parser.finish())
+                await emit([Segment("text", stops.flush())] if stops.stops else [])
             result.stats = handle.stats
+            result.finish_reason = handle.finish_reason or "stop"
+    if stops.matched is not None:
+        result.finish_reason, result.stop_sequence = "stop_sequence", stops.matched
     return result

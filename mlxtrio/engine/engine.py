@@ -276,7 +276,7 @@ class Engine:
     def _insert(self, handle: GenerationHandle) -> None:
         from mlx_lm.generate import StopSequences
 
-        from .sampling import sampler_for
+        from .sampling import reasoning_budget_processor, sampler_for
 
         now = time.perf_counter()
         stats = GenerationStats(prompt_tokens=len(handle.prompt))
@@ -286,10 +286,15 @@ class Engine:
         params = handle.sampling
         eos = [(t,) for t in self.tokenizer.eos_token_ids]
         stops = StopSequences(eos + [(t,) for t in params.stop_token_ids])
+        processors = []
+        end_tokens = getattr(self.tokenizer, "think_end_tokens", None) or ()
+        if params.reasoning_budget is not None and len(end_tokens) == 1:
+            processors.append(reasoning_budget_processor(params.reasoning_budget, end_tokens[0]))
         (uid,) = self._gen.insert(
             [handle.prompt],
             max_tokens=[params.max_tokens],
             samplers=[sampler_for(params)],
+            logits_processors=[processors],
             stop_sequences=[stops],
         )
         seq = _Sequence(handle, uid, self.tokenizer.detokenizer, now, stats)

@@ -47,3 +47,29 @@ def sampler_for(params: SamplingParams) -> Sampler:
     temperature = max(params.temperature, 0.0)
     top_p = params.top_p if 0 < params.top_p < 1.0 else 0.0
     return _shared_sampler(temperature, top_p, params.top_k, params.min_p)
+
+
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+
+def reasoning_budget_processor(budget: int, think_end_id: int) -> LogitsProcessor:
+    """Force the end-of-reasoning token once ``budget`` tokens were generated
+    without it. Called once per decode step with the token context (whose last
+    entry is the token sampled at the previous step) and that step's logits."""
+    state = {"step": 0, "closed": False}
+
+    def process(tokens: mx.array, logits: mx.array) -> mx.array:
+        step = state["step"]
+        state["step"] = step + 1
+        if state["closed"]:
+            return logits
+        if step > 0 and tokens[-1].item() == think_end_id:
+            state["closed"] = True
+            return logits
+        if step < budget:
+            return logits
+        state["closed"] = True
+        only_end = mx.arange(logits.shape[-1]) == think_end_id
+        return mx.where(only_end, logits, mx.array(-float("inf"), dtype=logits.dtype))
+
+    return process

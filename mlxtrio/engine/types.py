@@ -24,6 +24,9 @@ class SamplingParams:
     seed: int | None = None
     # Extra token ids that end generation like EOS does (not shown in the text).
     stop_token_ids: tuple[int, ...] = ()
+    # Close an open reasoning block after this many generated tokens (Anthropic
+    # thinking.budget_tokens). Only for prompts that start inside reasoning.
+    reasoning_budget: int | None = None
 
 
 @dataclass

@@ -1,0 +1,76 @@
+"""Steps every generation route shares: render and size-check the prompt, take a
+place in the admission lane, run the turn."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..admission import QueueFull, Ticket
+from ..chat.conversation import Conversation
+from ..chat.prompt import PromptError, RenderedPrompt, render
+from ..chat.turn import OnSegment, TurnResult, run_turn
+from ..engine.engine import Engine
+from ..engine.handle import EngineError
+from ..engine.types import SamplingParams
+from ..http.errors import invalid_request, rate_limited, server_error
+from .deps import on_request_end, services
+
+
+async def render_prompt(engine: Engine, conversation: Conversation) -> RenderedPrompt:
+    """Token ids for ``conversation``; a 400 when it cannot be rendered or does
+    not fit the model's context (answered before any stream starts)."""
+    try:
+        prompt = await render(engine.tokenizer, conversation)
+    except PromptError as exc:
+        raise invalid_request(str(exc), "input") from None
+    if len(prompt.tokens) >= engine.context_length:
+        raise invalid_request(
+            f"context_length_exceeded: the prompt has {len(prompt.tokens)} tokens but "
+            f"model {engine.name!r} has a context of {engine.context_length}; shorten the input"
+        )
+    return prompt
+
+
+def output_budget(requested: int | None, engine: Engine, prompt: RenderedPrompt) -> int:
+    """The output cap: the request's, else the default; never above the server's
+    maximum or the room left in the context."""
+    settings = services().settings
+    wanted = requested or min(settings.default_max_tokens, settings.max_output_tokens)
+    room = engine.context_length - len(prompt.tokens)
+    return max(1, min(wanted, settings.max_output_tokens, room))
+
+
+def reserve(engine: Engine) -> Ticket:
+    """A place in the model's admission lane (429 if the waiting room is full),
+    released when the request ends, however it ends."""
+    try:
+        ticket = services().lanes[engine.name].reserve()
+    except QueueFull as exc:
+        raise rate_limited(str(exc), exc.retry_after) from None
+    on_request_end(ticket.release)
+    return ticket
+
+
+async def generate(
+    engine: Engine,
+    ticket: Ticket,
+    prompt: RenderedPrompt,
+    sampling: SamplingParams,
+    conversation: Conversation,
+    on_segment: OnSegment,
+    stop_sequences: list[str] | None = None,
+) -> TurnResult:
+    """Run the turn, releasing the admission slot as soon as it is done."""
+    tools: list[dict[str, Any]] | None = [t.template_dict() for t in conversation.tools] or None
+    try:
+        result = await run_turn(engine, ticket, prompt, sampling, on_segment, tools, stop_sequences)
+    except EngineError as exc:
+        raise server_error(f"generation failed: {exc}") from None
+    finally:
+        ticket.release()
+    if result.stats.time_to_first_token is not None:
+        services().metrics.ttft.labels(engine.name).observe(result.stats.time_to_first_token)
+    return result
+
+
+SHUTDOWN_MESSAGE = "generation was cancelled because the server is shutting down; retry"

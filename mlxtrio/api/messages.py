@@ -1,0 +1,116 @@
+"""``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (Anthropic).
+
+Validation, model resolution, tool order and the context check all happen before
+any stream byte; errors use the Anthropic envelope (the path decides).
+"""
+
+from __future__ import annotations
+
+from quart import Blueprint, Response, jsonify
+
+from ..admission import Ticket
+from ..chat.from_anthropic import MessagesRequest, parse_request
+from ..chat.prompt import RenderedPrompt
+from ..chat.tool_order import ANTHROPIC, ToolOrderError, validate_tool_order
+from ..engine.engine import Engine
+from ..engine.types import SamplingParams
+from ..http.errors import ApiError, invalid_request, unavailable
+from ..http.sse import ANTHROPIC_PING, SSE_HEADERS, EventSink, EventStream
+from ..http.transport import read_json_body
+from ..protocol.anthropic import MessageObject
+from .deps import request_nursery, resolve_engine, services
+from .generation import SHUTDOWN_MESSAGE, generate, output_budget, render_prompt, reserve
+from .messages_events import MessageAssembler
+
+blueprint = Blueprint("messages", __name__)
+
+
+async def _prepare(require_max_tokens: bool) -> tuple[MessagesRequest, Engine, RenderedPrompt]:
+    request = parse_request(await read_json_body(), require_max_tokens=require_max_tokens)
+    try:
+        validate_tool_order(request.conversation.messages, ANTHROPIC)
+    except ToolOrderError as exc:
+        raise invalid_request(str(exc)) from None
+    engine = resolve_engine(request.model)
+    prompt = await render_prompt(engine, request.conversation)
+    return request, engine, prompt
+
+
+@blueprint.route("/v1/messages", methods=["POST"])
+async def create_message() -> Response:
+    request, engine, prompt = await _prepare(require_max_tokens=True)
+    sampling = SamplingParams(
+        temperature=request.temperature if request.temperature is not None else 0.0,
+        top_p=request.top_p if request.top_p is not None else 1.0,
+        top_k=request.top_k or 0,
+        max_tokens=output_budget(request.max_tokens, engine, prompt),
+        reasoning_budget=request.thinking_budget if prompt.starts_in_reasoning else None,
+    )
+    ticket = reserve(engine)
+    message = MessageObject(model=request.model)
+    if request.stream:
+        return _stream(request, engine, ticket, prompt, sampling, message)
+    assembler = MessageAssembler(message)
+    result = await generate(
+        engine,
+        ticket,
+        prompt,
+        sampling,
+        request.conversation,
+        assembler.on_segment,
+        request.stop_sequences,
+    )
+    if result.finish_reason == "cancelled":
+        raise unavailable(SHUTDOWN_MESSAGE)
+    await assembler.finish(result)
+    return jsonify(message.wire())
+
+
+def _stream(
+    request: MessagesRequest,
+    engine: Engine,
+    ticket: Ticket,
+    prompt: RenderedPrompt,
+    sampling: SamplingParams,
+    message: MessageObject,
+) -> Response:
+    settings = services().settings
+
+    async def produce(sink: EventSink) -> None:
+        assembler = MessageAssembler(message, sink.send)
+        await assembler.start(len(prompt.tokens), cached_tokens=0)
+        try:
+            result = await generate(
+                engine,
+                ticket,
+                prompt,
+                sampling,
+                request.conversation,
+                assembler.on_segment,
+                request.stop_sequences,
+            )
+        except ApiError as exc:
+            await assembler.fail(exc.message)
+            return
+        if result.finish_reason == "cancelled":
+            await assembler.fail(SHUTDOWN_MESSAGE, kind="overloaded_error")
+            return
+        await assembler.finish(result)
+
+    stream = EventStream(
+        request_nursery(),
+        produce,
+        keepalive=settings.sse_keepalive,
+        drain_timeout=settings.sse_drain_timeout,
+        keepalive_frame=ANTHROPIC_PING,
+    )
+    out = Response(stream.body(), status=200, headers=SSE_HEADERS)
+    out.timeout = None
+    return out
+
+
+@blueprint.route("/v1/messages/count_tokens", methods=["POST"])
+async def count_tokens() -> Response:
+    """Exactly what generation would render: no engine work, no admission slot."""
+    _, _, prompt = await _prepare(require_max_tokens=False)
+    return jsonify({"input_tokens": len(prompt.tokens)})
