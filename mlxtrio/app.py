@@ -112,6 +112,7 @@ def create_app(settings: Settings | None = None) -> MlxtrioApp:
     @app.before_serving
     async def _start() -> None:
         services.start(app.nursery)
+        await services.open_store(app.nursery)
 
     @app.after_serving
     async def _stop() -> None:

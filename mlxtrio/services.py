@@ -10,11 +10,13 @@ from typing import Any
 import trio
 
 from .admission import AdmissionLane
+from .chat.sealing import ReasoningSealer
 from .engine.engine import Engine
 from .engine.handle import EngineError
 from .engine.registry import ModelRegistry
 from .metrics import Metrics
 from .settings import Settings
+from .store import ResponseStore, StoreError
 
 log = logging.getLogger("mlxtrio")
 
@@ -36,6 +38,8 @@ class Services:
     registry: ModelRegistry = field(init=False)
     lanes: dict[str, AdmissionLane] = field(init=False)
     metrics: Metrics = field(init=False)
+    sealer: ReasoningSealer = field(init=False)
+    store: ResponseStore | None = None
     started: bool = False
 
     def __post_init__(self) -> None:
@@ -57,6 +61,7 @@ class Services:
             self.registry.add(engine)
             self.lanes[name] = AdmissionLane(name, s.capacity, s.waiting_room)
         self.metrics = Metrics(self._live_sources)
+        self.sealer = ReasoningSealer.from_key_file(s.data_path / "reasoning.key")
 
     def _live_sources(self) -> Iterator[tuple[str, Any, Any]]:
         for engine in self.registry:
@@ -73,6 +78,33 @@ class Services:
             engine.launch()
             nursery.start_soon(self._report_ready, engine)
         self.started = True
+
+    async def open_store(self, nursery: trio.Nursery) -> None:
+        """Open the response store and start its expiry sweep. A store that cannot
+        be opened is logged and left off: generation still works, continuations
+        answer that no store is configured."""
+        url = self.settings.store_url
+        if url is None:
+            log.info("response store disabled (database_url=none)")
+            return
+        store = ResponseStore(url)
+        try:
+            await store.open()
+        except StoreError as exc:
+            log.error("cannot open the response store at %s: %s; continuing without it", url, exc)
+            return
+        self.store = store
+        nursery.start_soon(self._sweep_forever, store)
+
+    async def _sweep_forever(self, store: ResponseStore) -> None:
+        while True:
+            try:
+                removed = await store.sweep()
+                if removed:
+                    log.info("response store: removed %d expired responses", removed)
+            except StoreError as exc:
+                log.warning("response store sweep failed: %s", exc)
+            await trio.sleep(self.settings.store_sweep_interval)
 
     @staticmethod
     async def _report_ready(engine: Engine) -> None:
@@ -92,3 +124,5 @@ class Services:
         async with trio.open_nursery() as nursery:
             for engine in self.registry:
                 nursery.start_soon(engine.stop, self.settings.shutdown_grace)
+        if self.store is not None:
+            await self.store.close()

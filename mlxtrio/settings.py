@@ -51,7 +51,13 @@ class Settings:
     max_body_bytes: int = 10 * 1024 * 1024
     shutdown_grace: float = 5.0
 
+    # Response store: "" = SQLite file in data_dir, "none" = no store, or any
+    # SQLAlchemy URL (postgresql://... uses psycopg 3).
     database_url: str = ""
+    data_dir: str = ""  # default: the platform's user data dir for mlxtrio
+    response_retention: int = 7 * 24 * 3600
+    store_write_timeout: float = 5.0
+    store_sweep_interval: float = 300.0
     log_level: str = "info"
 
     @property
@@ -65,6 +71,20 @@ class Settings:
         if not self.model:
             return EMBEDDED_MODEL_NAME
         return self.model.rstrip("/").split("/")[-1]
+
+    @property
+    def data_path(self) -> Path:
+        if self.data_dir:
+            return Path(self.data_dir).expanduser()
+        from platformdirs import user_data_dir
+
+        return Path(user_data_dir("mlxtrio", appauthor=False))
+
+    @property
+    def store_url(self) -> str | None:
+        if self.database_url.lower() == "none":
+            return None
+        return self.database_url or f"sqlite:///{self.data_path / 'responses.db'}"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -89,7 +109,15 @@ class Settings:
             raise SettingsError(f"waiting_room must be 0 or more (got {self.waiting_room})")
         if not 0 < self.port < 65536:
             raise SettingsError(f"port must be in 1..65535 (got {self.port})")
-        for name in ("sse_keepalive", "sse_drain_timeout", "shutdown_grace"):
+        if not 60 <= self.response_retention <= 7776000:
+            raise SettingsError("response_retention must be within [60, 7776000] seconds")
+        for name in (
+            "sse_keepalive",
+            "sse_drain_timeout",
+            "shutdown_grace",
+            "store_write_timeout",
+            "store_sweep_interval",
+        ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")
 

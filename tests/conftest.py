@@ -5,6 +5,7 @@ model, driven over real sockets."""
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,8 @@ class Server:
 
 
 async def start_server(nursery: trio.Nursery, **overrides: Any) -> Server:
+    if "data_dir" not in overrides:
+        overrides["data_dir"] = tempfile.mkdtemp(prefix="mlxtrio-test-")
     settings = Settings.from_env(environ={}, port=8000, **overrides)
     app = create_app(settings)
     config = Config()

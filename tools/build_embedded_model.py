@@ -133,7 +133,8 @@ def synthetic_corpus(seed: int, lines: int = 20000) -> list[str]:
     return out
 
 
-def build_tokenizer(out: Path, seed: int) -> None:
+def build_tokenizer(out: Path, seed: int, texts: list[str] | None = None) -> None:
+    """Train the byte-level BPE on ``texts`` (default: a generic synthetic corpus)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -145,7 +146,7 @@ def build_tokenizer(out: Path, seed: int) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(synthetic_corpus(seed), trainer=trainer)
+    tokenizer.train_from_iterator(texts or synthetic_corpus(seed), trainer=trainer)
     tokenizer.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(
         json.dumps(

@@ -1,27 +1,40 @@
-"""``POST /v1/responses``: parse, validate, admit, generate, render.
+"""``/v1/responses``: create (JSON or SSE), retrieve, delete, list input items.
 
-Everything that can fail because of the request (validation, unknown model,
-context overflow, a full waiting room) is answered as a JSON error *before* any
-byte of a stream is sent.
+Everything that can fail because of the request (validation, unknown model or
+previous response, tool order, context overflow, a full waiting room) is answered
+as a JSON error *before* any byte of a stream is sent.
+
+Persistence is write-ahead-then-announce: a turn's record is committed before its
+terminal event (or JSON body) goes out, so a client that continues the instant it
+sees ``response.completed`` always finds it. A store that cannot write within
+``store_write_timeout`` is logged and skipped - the client still gets its output,
+and a later continuation from it gets a clear 404. Failed, cancelled and
+disconnected turns are never stored.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 from typing import Any
 
+import trio
 from quart import Blueprint, Response, jsonify
 
 from ..admission import Ticket
-from ..chat.conversation import Conversation
-from ..chat.from_responses import ResponsesRequest, parse_request, to_conversation
+from ..chat.chain import check_delta, drop_echoed_calls, outstanding_calls, reconstruct
+from ..chat.conversation import Conversation, Message
+from ..chat.from_responses import ResponsesRequest, map_items, offered_tools, parse_request
 from ..chat.prompt import RenderedPrompt
+from ..chat.tool_order import OPENAI, ToolOrderError, validate_tool_order
 from ..engine.engine import Engine
 from ..engine.types import SamplingParams
-from ..http.errors import ApiError, unavailable
+from ..http.errors import ApiError, invalid_request, not_found, unavailable
 from ..http.sse import SSE_HEADERS, EventSink, EventStream
 from ..http.transport import read_json_body
-from ..protocol.openai_responses import ResponseObject, TextConfig
+from ..protocol.openai_responses import ResponseObject, TextConfig, new_id
+from ..store import StoredResponse, StoreError
 from .deps import request_nursery, resolve_engine, services
 from .generation import SHUTDOWN_MESSAGE, generate, output_budget, render_prompt, reserve
 from .responses_events import ResponseAssembler
@@ -31,36 +44,97 @@ log = logging.getLogger("mlxtrio.responses")
 blueprint = Blueprint("responses", __name__)
 
 
+@dataclass
+class Turn:
+    """Everything a validated request needs to generate and be stored."""
+
+    request: ResponsesRequest
+    engine: Engine
+    conversation: Conversation
+    delta: list[Message]  # what this turn adds to the stored chain
+    instructions: str | None  # effective (inherited on continuations)
+
+
 @blueprint.route("/v1/responses", methods=["POST"])
 async def create_response() -> Response:
-    request = parse_request(await read_json_body())
-    engine = resolve_engine(request.model)
-    conversation = to_conversation(request)
-    prompt = await render_prompt(engine, conversation)
+    turn = await prepare(parse_request(await read_json_body()))
+    prompt = await render_prompt(turn.engine, turn.conversation)
+    request = turn.request
     sampling = SamplingParams(
         temperature=request.temperature if request.temperature is not None else 0.0,
         top_p=request.top_p if request.top_p is not None else 1.0,
-        max_tokens=output_budget(request.max_output_tokens, engine, prompt),
+        max_tokens=output_budget(request.max_output_tokens, turn.engine, prompt),
         seed=request.body.get("seed") if isinstance(request.body.get("seed"), int) else None,
     )
-    ticket = reserve(engine)
-    response = initial_response(request)
+    ticket = reserve(turn.engine)
+    response = initial_response(turn)
     if request.stream:
-        return stream_response(engine, ticket, prompt, sampling, conversation, response)
-    assembler = ResponseAssembler(response)
-    result = await generate(engine, ticket, prompt, sampling, conversation, assembler.on_segment)
+        return stream_response(turn, ticket, prompt, sampling, response)
+    assembler = make_assembler(turn, response)
+    result = await generate(
+        turn.engine, ticket, prompt, sampling, turn.conversation, assembler.on_segment
+    )
     if result.finish_reason == "cancelled":
         raise unavailable(SHUTDOWN_MESSAGE)
-    await assembler.finish(result)
+    await assembler.complete(result)
+    await persist(turn, response)
     return jsonify(response.wire())
 
 
-def initial_response(request: ResponsesRequest) -> ResponseObject:
-    body = request.body
+async def prepare(request: ResponsesRequest) -> Turn:
+    """Resolve the model and the chain, map and validate the input (spec §3.4)."""
+    engine = resolve_engine(request.model)
+    prior: list[Message] = []
+    instructions = request.instructions
+    items = request.items
+    if request.previous_response_id is not None:
+        store = services().store
+        if store is None:
+            raise invalid_request("previous_response_id requires a response store to be configured")
+        chain = await _load_chain(request.previous_response_id)
+        prior = reconstruct(chain)
+        if not isinstance(request.body.get("instructions"), str):
+            instructions = chain[-1].instructions
+        items = drop_echoed_calls(items, prior)
+    delta = map_items(items, services().sealer.open)
+    if request.previous_response_id is not None:
+        delta = check_delta(delta, outstanding_calls(prior))
+    head = [Message("system", instructions)] if instructions else []
+    messages = head + prior + delta
+    try:
+        validate_tool_order(messages, OPENAI)
+    except ToolOrderError as exc:
+        raise invalid_request(str(exc), "input") from None
+    delta = messages[len(head) + len(prior) :]  # after canonical reordering
+    if not messages:
+        raise invalid_request(
+            "input is empty and there are no instructions: nothing to respond to", "input"
+        )
+    conversation = Conversation(messages, offered_tools(request), request.thinking)
+    return Turn(request, engine, conversation, delta, instructions)
+
+
+async def _load_chain(response_id: str) -> list[StoredResponse]:
+    store = services().store
+    assert store is not None
+    try:
+        chain = await store.chain(response_id)
+    except StoreError as exc:
+        raise ApiError(
+            500, f"Failed to retrieve previous response: {exc}", "server_error"
+        ) from None
+    if not chain:
+        raise not_found(f'Previous response "{response_id}" not found or expired')
+    return chain
+
+
+def initial_response(turn: Turn) -> ResponseObject:
+    request, body = turn.request, turn.request.body
     text = body.get("text") if isinstance(body.get("text"), dict) else {}
     return ResponseObject(
         model=request.model,
-        instructions=request.instructions,
+        instructions=turn.instructions,
+        previous_response_id=request.previous_response_id,
         max_output_tokens=request.max_output_tokens,
         temperature=request.temperature,
         top_p=request.top_p,
@@ -69,7 +143,7 @@ def initial_response(request: ResponsesRequest) -> ResponseObject:
         parallel_tool_calls=body.get("parallel_tool_calls") is not False,
         reasoning={"effort": None, "summary": None, **(request.reasoning or {})},
         text=TextConfig(**{"verbosity": "medium", **text}),
-        store=body.get("store") is not False,
+        store=request.store and services().store is not None,
         metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
         prompt_cache_key=body.get("prompt_cache_key")
         if isinstance(body.get("prompt_cache_key"), str)
@@ -84,22 +158,79 @@ def _echo_tool(tool: dict[str, Any]) -> dict[str, Any]:
     return tool
 
 
+def make_assembler(turn: Turn, response: ResponseObject, emit: Any = None) -> ResponseAssembler:
+    seal = services().sealer.seal if turn.request.wants_sealed_reasoning else None
+    return ResponseAssembler(response, emit, custom_tools=turn.request.custom_tool_names, seal=seal)
+
+
+async def persist(turn: Turn, response: ResponseObject) -> None:
+    """Commit the turn before it is announced; never fail the client over it."""
+    svc = services()
+    if svc.store is None or not turn.request.store:
+        return
+    now = int(time.time())
+    retention = turn.request.retention_seconds or svc.settings.response_retention
+    record = StoredResponse(
+        id=response.id,
+        previous_response_id=turn.request.previous_response_id,
+        created_at=response.created_at,
+        expires_at=now + retention,
+        model=turn.request.model,
+        status=response.status,
+        instructions=turn.instructions,
+        input_messages=[m.to_json() for m in turn.delta],
+        input_items=input_items(turn.request.items),
+        response=response.wire(),
+    )
+    timeout = svc.settings.store_write_timeout
+    # The store rolls back a write that misses its deadline; the extra second
+    # lets it say so instead of us abandoning it mid-flight.
+    with trio.move_on_after(timeout + 1.0) as scope:
+        try:
+            await svc.store.put(record, lock_wait=timeout)
+        except StoreError as exc:
+            log.error(
+                "could not store response %s (the client still gets it): %s", response.id, exc
+            )
+    if scope.cancelled_caught:
+        log.error(
+            "storing response %s did not finish in time; the client still gets it", response.id
+        )
+
+
+def input_items(items: list[Any]) -> list[dict[str, Any]]:
+    """The request's input items as the input_items endpoint lists them (with ids)."""
+    out = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        item = dict(item)
+        item.setdefault("type", "message")
+        if item["type"] == "message" and isinstance(item.get("content"), str):
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": part, "text": item["content"]}]
+        if item["type"] == "message":
+            item.setdefault("status", "completed")
+        item.setdefault("id", new_id("msg" if item["type"] == "message" else "item"))
+        out.append(item)
+    return out
+
+
 def stream_response(
-    engine: Engine,
+    turn: Turn,
     ticket: Ticket,
     prompt: RenderedPrompt,
     sampling: SamplingParams,
-    conversation: Conversation,
     response: ResponseObject,
 ) -> Response:
     settings = services().settings
 
     async def produce(sink: EventSink) -> None:
-        assembler = ResponseAssembler(response, sink.send)
+        assembler = make_assembler(turn, response, sink.send)
         await assembler.start()
         try:
             result = await generate(
-                engine, ticket, prompt, sampling, conversation, assembler.on_segment
+                turn.engine, ticket, prompt, sampling, turn.conversation, assembler.on_segment
             )
         except ApiError as exc:
             await assembler.fail(exc.message)
@@ -107,7 +238,9 @@ def stream_response(
         if result.finish_reason == "cancelled":  # only the server cancels a live stream
             await assembler.fail(SHUTDOWN_MESSAGE, code="server_shutting_down")
             return
-        await assembler.finish(result)
+        await assembler.complete(result)
+        await persist(turn, response)
+        await assembler.announce()
 
     stream = EventStream(
         request_nursery(),
@@ -118,3 +251,61 @@ def stream_response(
     out = Response(stream.body(), status=200, headers=SSE_HEADERS)
     out.timeout = None  # our drain deadline replaces Quart's 60 s response timeout
     return out
+
+
+# -- retrieval ------------------------------------------------------------------
+
+
+async def _stored(response_id: str) -> StoredResponse:
+    store = services().store
+    if store is None:
+        raise not_found(f'Response "{response_id}" not found: no response store is configured')
+    try:
+        record = await store.get(response_id)
+    except StoreError as exc:
+        raise ApiError(500, f"Failed to read the response store: {exc}", "server_error") from None
+    if record is None:
+        raise not_found(f'Response "{response_id}" not found or expired')
+    return record
+
+
+@blueprint.route("/v1/responses/<response_id>", methods=["GET"])
+async def retrieve_response(response_id: str) -> Response:
+    return jsonify((await _stored(response_id)).response)
+
+
+@blueprint.route("/v1/responses/<response_id>", methods=["DELETE"])
+async def delete_response(response_id: str) -> Response:
+    await _stored(response_id)
+    store = services().store
+    assert store is not None
+    await store.delete(response_id)
+    return jsonify({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+@blueprint.route("/v1/responses/<response_id>/input_items", methods=["GET"])
+async def list_input_items(response_id: str) -> Response:
+    from quart import request
+
+    record = await _stored(response_id)
+    items = list(record.input_items)
+    if request.args.get("order", "desc") == "desc":
+        items.reverse()
+    after = request.args.get("after")
+    if after:
+        ids = [i.get("id") for i in items]
+        items = items[ids.index(after) + 1 :] if after in ids else []
+    try:
+        limit = max(1, min(100, int(request.args.get("limit", 20))))
+    except ValueError:
+        raise invalid_request("limit must be an integer between 1 and 100", "limit") from None
+    page = items[:limit]
+    return jsonify(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
+    )

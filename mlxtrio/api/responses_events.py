@@ -15,6 +15,7 @@ call is announced.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from ..chat.turn import TurnResult
 from ..engine.output import ParsedToolCall, Segment
 from ..protocol.openai_responses import (
+    CustomToolCallItem,
     FunctionCallItem,
     IncompleteDetails,
     InputTokensDetails,
@@ -43,9 +45,22 @@ async def _discard(event: str, data: dict[str, Any]) -> None:
 
 
 class ResponseAssembler:
-    def __init__(self, response: ResponseObject, emit: Emit | None = None) -> None:
+    """``custom_tools`` names the freeform tools (their calls become
+    ``custom_tool_call`` items); ``seal`` turns reasoning text into
+    ``encrypted_content`` when the client asked for it."""
+
+    def __init__(
+        self,
+        response: ResponseObject,
+        emit: Emit | None = None,
+        *,
+        custom_tools: set[str] | None = None,
+        seal: Callable[[str], str] | None = None,
+    ) -> None:
         self.response = response
         self._emit = emit or _discard
+        self._custom_tools = custom_tools or set()
+        self._seal = seal
         self._sequence = 0
         self._reasoning: ReasoningItem | None = None
         self._message: MessageItem | None = None
@@ -107,6 +122,8 @@ class ResponseAssembler:
         if item is None:
             return
         index, text = self._index(item), item.summary[0].text
+        if self._seal is not None:
+            item.encrypted_content = self._seal(text)
         await self._send(
             "response.reasoning_summary_text.done",
             item_id=item.id,
@@ -185,6 +202,9 @@ class ResponseAssembler:
     async def _tool_call(self, call: ParsedToolCall) -> None:
         await self._close_reasoning()
         await self._close_message("completed")
+        if call.name in self._custom_tools:
+            await self._custom_tool_call(call)
+            return
         item = FunctionCallItem(name=call.name, arguments="", status="in_progress")
         self.response.output.append(item)
         index = self._index(item)
@@ -210,10 +230,38 @@ class ResponseAssembler:
             "response.output_item.done", output_index=index, item=item.model_dump(mode="json")
         )
 
+    async def _custom_tool_call(self, call: ParsedToolCall) -> None:
+        arguments = json.loads(call.arguments)
+        raw = arguments.get("input")
+        text = raw if isinstance(raw, str) else json.dumps(arguments, ensure_ascii=False)
+        item = CustomToolCallItem(name=call.name, input="", status="in_progress")
+        self.response.output.append(item)
+        index = self._index(item)
+        await self._send(
+            "response.output_item.added", output_index=index, item=item.model_dump(mode="json")
+        )
+        await self._send(
+            "response.custom_tool_call_input.delta", item_id=item.id, output_index=index, delta=text
+        )
+        item.input = text
+        await self._send(
+            "response.custom_tool_call_input.done", item_id=item.id, output_index=index, input=text
+        )
+        item.status = "completed"
+        await self._send(
+            "response.output_item.done", output_index=index, item=item.model_dump(mode="json")
+        )
+
     # -- terminal ----------------------------------------------------------
 
     async def finish(self, result: TurnResult, extra_usage: dict[str, Any] | None = None) -> None:
-        """Close open items and send the terminal event (completed / incomplete)."""
+        """:meth:`complete`, then :meth:`announce`."""
+        await self.complete(result, extra_usage)
+        await self.announce()
+
+    async def complete(self, result: TurnResult, extra_usage: dict[str, Any] | None = None) -> None:
+        """Close open items and finalise the response object (status, usage); the
+        terminal event is not sent yet, so the caller can store the response first."""
         incomplete = result.finish_reason == "length"
         await self._close_reasoning()
         await self._close_message("incomplete" if incomplete else "completed")
@@ -230,8 +278,13 @@ class ResponseAssembler:
             for part in item.content
         )
         response.usage = usage_of(result, extra_usage)
-        event = "response.incomplete" if incomplete else "response.completed"
-        await self._send(event, response=response.wire())
+
+    async def announce(self) -> None:
+        """Send the terminal event: response.completed or response.incomplete."""
+        event = (
+            "response.incomplete" if self.response.status == "incomplete" else "response.completed"
+        )
+        await self._send(event, response=self.response.wire())
 
     async def fail(self, message: str, code: str = "server_error") -> None:
         """The turn failed after the stream started: close items, send response.failed."""

@@ -29,6 +29,32 @@ class Message:
     tool_call_id: str | None = None  # role == "tool"
     is_error: bool = False
 
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (for the response store); :meth:`from_json` inverts it."""
+        return {
+            "role": self.role,
+            "content": self.content,
+            "reasoning": self.reasoning,
+            "tool_calls": [
+                {"id": c.id, "name": c.name, "arguments": c.arguments} for c in self.tool_calls
+            ],
+            "tool_call_id": self.tool_call_id,
+            "is_error": self.is_error,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Message:
+        return cls(
+            role=data["role"],
+            content=data.get("content", ""),
+            reasoning=data.get("reasoning", ""),
+            tool_calls=[
+                ToolCall(c["id"], c["name"], c["arguments"]) for c in data.get("tool_calls", [])
+            ],
+            tool_call_id=data.get("tool_call_id"),
+            is_error=bool(data.get("is_error")),
+        )
+
     def template_dict(self) -> dict[str, Any]:
         """The shape the chat template reads."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}

@@ -7,6 +7,7 @@ Validation errors are :class:`~mlxtrio.http.errors.ApiError` 400s with
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,30 @@ class ResponsesRequest:
     reasoning: dict[str, Any] | None
     tools: list[dict[str, Any]]
     tool_choice: Any
+    previous_response_id: str | None = None
+    store: bool = True
+    include: tuple[str, ...] = ()
+    retention_seconds: int | None = None
+
+    @property
+    def items(self) -> list[Any]:
+        """``input`` as a list of items."""
+        value = self.body["input"]
+        if isinstance(value, str):
+            return [{"type": "message", "role": "user", "content": value}]
+        return list(value)
+
+    @property
+    def custom_tool_names(self) -> set[str]:
+        return {
+            t["name"]
+            for t in self.tools
+            if t.get("type") == "custom" and isinstance(t.get("name"), str)
+        }
+
+    @property
+    def wants_sealed_reasoning(self) -> bool:
+        return "reasoning.encrypted_content" in self.include
 
     @property
     def thinking(self) -> bool:
@@ -81,8 +106,12 @@ def parse_request(body: Any) -> ResponsesRequest:
     tools = body.get("tools") or []
     if not isinstance(tools, list):
         raise invalid_request('Field "tools" must be an array', "tools")
+    _check_text_format(body.get("text"))
     instructions = body.get("instructions")
     reasoning = body.get("reasoning")
+    include = body.get("include") if isinstance(body.get("include"), list) else []
+    previous = body.get("previous_response_id")
+    retention = metadata.get("retention_seconds") if isinstance(metadata, dict) else None
     return ResponsesRequest(
         body=body,
         model=model,
@@ -94,7 +123,23 @@ def parse_request(body: Any) -> ResponsesRequest:
         reasoning=reasoning if isinstance(reasoning, dict) else None,
         tools=[t for t in tools if isinstance(t, dict)],
         tool_choice=body.get("tool_choice"),
+        previous_response_id=previous if isinstance(previous, str) and previous else None,
+        store=body.get("store") is not False,
+        include=tuple(i for i in include if isinstance(i, str)),
+        retention_seconds=int(retention) if retention is not None else None,
     )
+
+
+def _check_text_format(text: Any) -> None:
+    if not isinstance(text, dict) or not isinstance(text.get("format"), dict):
+        return
+    kind = text["format"].get("type")
+    if kind not in (None, "text"):
+        raise invalid_request(
+            f'text.format type "{kind}" (structured output) is not supported by this server yet; '
+            'omit text.format or use {"type": "text"} and describe the wanted JSON in the prompt',
+            "text.format",
+        )
 
 
 def offered_tools(request: ResponsesRequest) -> list[ToolSpec]:
@@ -123,9 +168,28 @@ def offered_tools(request: ResponsesRequest) -> list[ToolSpec]:
                             inner.get("parameters") or {"type": "object", "properties": {}},
                         )
                     )
-    if isinstance(choice, dict) and choice.get("type") == "function":
+        elif kind == "custom" and isinstance(tool.get("name"), str):
+            specs.append(_custom_tool_spec(tool))
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
         specs = [s for s in specs if s.name == choice.get("name")]
     return specs
+
+
+def _custom_tool_spec(tool: dict[str, Any]) -> ToolSpec:
+    """A freeform tool (Codex's ``apply_patch``) offered as a function with one
+    string argument, ``input``, that carries the raw text."""
+    description = (tool.get("description") or "").strip()
+    fmt = tool.get("format") if isinstance(tool.get("format"), dict) else {}
+    if fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str):
+        description += (
+            f"\nThe input must follow this {fmt.get('syntax', '')} grammar:\n{fmt['definition']}"
+        )
+    description += '\nCall it with the raw text in the "input" argument.'
+    return ToolSpec(
+        tool["name"],
+        description.strip(),
+        {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]},
+    )
 
 
 def _text_of(content: Any, role: str) -> str:
@@ -145,12 +209,35 @@ def _text_of(content: Any, role: str) -> str:
         elif kind == "refusal":
             parts.append(str(part.get("refusal", "")))
         elif kind == "input_image":
-            raise invalid_request(
-                "input_image content parts are not supported by this model", "input"
-            )
+            parts.append(_image_placeholder(part, role))
         else:
             raise invalid_request(f'Unsupported content part type: "{kind}"', "input")
     return "".join(parts)
+
+
+IMAGE_PLACEHOLDER = "[image omitted: this model reads text only]"
+
+
+def _image_placeholder(part: dict[str, Any], role: str) -> str:
+    if role != "user":
+        raise invalid_request(
+            f'input_image content parts are only allowed on user messages (got role="{role}")',
+            "input",
+        )
+    if part.get("file_id"):
+        raise invalid_request(
+            "input_image.file_id is not supported — inline the image as a data URL", "input"
+        )
+    url = part.get("image_url")
+    if not isinstance(url, str) or not url:
+        raise invalid_request("input_image is missing image_url", "input")
+    if not (url.startswith("data:") and ";base64," in url):
+        raise invalid_request(
+            "input_image.image_url must be a base64 data URL (data:<mime>;base64,<payload>); remote http(s) "
+            "URLs are not fetched by this server",
+            "input",
+        )
+    return IMAGE_PLACEHOLDER
 
 
 def _arguments(raw: Any) -> dict[str, Any]:
@@ -164,12 +251,21 @@ def _arguments(raw: Any) -> dict[str, Any]:
 
 
 def to_conversation(request: ResponsesRequest) -> Conversation:
+    """A stateless request's conversation: instructions, then the input items."""
     messages: list[Message] = []
     if request.instructions:
         messages.append(Message("system", request.instructions))
-    items = request.body["input"]
-    if isinstance(items, str):
-        items = [{"type": "message", "role": "user", "content": items}]
+    messages.extend(map_items(request.items))
+    return Conversation(messages, offered_tools(request), request.thinking)
+
+
+Reveal = Callable[[object], str | None]
+
+
+def map_items(items: list[Any], reveal: Reveal | None = None) -> list[Message]:
+    """Input items -> messages. Consecutive reasoning, assistant text and calls form
+    one assistant turn; ``reveal`` reads back sealed reasoning blobs."""
+    messages: list[Message] = []
     assistant: Message | None = None
 
     def flush() -> None:
@@ -205,6 +301,8 @@ def to_conversation(request: ResponsesRequest) -> Conversation:
         elif kind == "reasoning":
             summary = item.get("summary") or []
             text = "".join(p.get("text", "") for p in summary if isinstance(p, dict))
+            if not text and reveal is not None:
+                text = reveal(item.get("encrypted_content")) or ""
             current_assistant().reasoning += text
         elif kind in ("function_call", "custom_tool_call"):
             raw = (
@@ -227,7 +325,14 @@ def to_conversation(request: ResponsesRequest) -> Conversation:
                     _text_of(output, "tool") if isinstance(output, list) else json.dumps(output)
                 )
             messages.append(Message("tool", output, tool_call_id=call_id))
+        elif kind in (
+            "item_reference",
+            "web_search_call",
+            "tool_search_call",
+            "tool_search_output",
+        ):
+            continue  # references and server-side tool records carry nothing to render
         else:
             raise invalid_request(f'Unsupported input item type: "{kind}"', "input")
     flush()
-    return Conversation(messages, offered_tools(request), request.thinking)
+    return messages

@@ -1,0 +1,31 @@
+"""The ``responses`` table. Change it only together with a new Alembic revision
+in ``migrations/versions``."""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Index, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ResponseRow(Base):
+    __tablename__ = "mlxtrio_responses"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    previous_response_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int] = mapped_column(BigInteger)
+    model: Mapped[str] = mapped_column(String(256))
+    status: Mapped[str] = mapped_column(String(32))
+    instructions: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The conversation delta this turn added (internal messages, JSON), for replay.
+    input_messages: Mapped[str] = mapped_column(Text)
+    # The request's input items as sent (JSON), for GET .../input_items.
+    input_items: Mapped[str] = mapped_column(Text)
+    # The full response object (JSON), for GET /v1/responses/{id}.
+    response: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (Index("ix_mlxtrio_responses_expires_at", "expires_at"),)

@@ -1,0 +1,183 @@
+"""Evaluate the embedded tiny model on held-out prompts.
+
+    python tools/eval_tiny_model.py [--model PATH] [--seed 12345] [--n 300]
+
+Prompts come from the training generator with a different seed and the *eval*
+pool of tool names (never seen in training). Generation is greedy through the
+real mlx-lm loading path and ``BatchGenerator``; outputs are parsed with the
+server's own output parser. Prints:
+
+* EOS rate within the output cap (target >= 99 %),
+* tool-call JSON validity (>= 95 %), offered-tool selection accuracy (>= 90 %),
+  required-arguments completeness,
+* reasoning format rate when thinking is on (>= 95 %),
+* EOS rate and output length on agent-sized prompts (~4k and ~20k tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+import tinychat_data as data  # noqa: E402
+
+from mlxtrio.engine.output import OutputParser  # noqa: E402
+from mlxtrio.settings import EMBEDDED_MODEL_PATH  # noqa: E402
+
+
+def generate_all(model, tokenizer, prompts: list[list[int]], max_tokens: int, batch: int = 8):
+    """Greedy outputs: list of (token ids, finish reason)."""
+    from mlx_lm.generate import BatchGenerator
+
+    results: dict[int, list[int]] = {}
+    reasons: dict[int, str] = {}
+    gen = BatchGenerator(
+        model,
+        max_tokens=max_tokens,
+        stop_tokens=[[t] for t in tokenizer.eos_token_ids],
+        completion_batch_size=batch,
+        prefill_batch_size=batch,
+        prefill_step_size=1024,
+    )
+    uids = gen.insert(prompts, [max_tokens] * len(prompts))
+    index = {uid: i for i, uid in enumerate(uids)}
+    for uid in uids:
+        results[uid] = []
+    while responses := gen.next_generated():
+        for r in responses:
+            if r.finish_reason != "stop":
+                results[r.uid].append(r.token)
+            if r.finish_reason is not None:
+                reasons[r.uid] = r.finish_reason
+    gen.close()
+    out = [None] * len(prompts)
+    for uid, i in index.items():
+        out[i] = (results[uid], reasons.get(uid, "length"))
+    return out
+
+
+def parse(tokenizer, sample: data.Sample, ids: list[int]):
+    text = tokenizer.decode(ids)
+    tools = sample.tools
+    parser = OutputParser(tokenizer, tools, starts_in_reasoning=sample.thinking)
+    segments = parser.feed(text) + parser.finish()
+    calls = [s.tool_call for s in segments if s.tool_call is not None]
+    reasoning = "".join(s.text for s in segments if s.kind == "reasoning")
+    answer = "".join(s.text for s in segments if s.kind == "text")
+    raw_calls = text.count("<tool_call>")
+    return text, calls, reasoning, answer, raw_calls, parser.invalid_tool_calls
+
+
+def long_prompt_samples(
+    rng: random.Random, target_tokens: int, tokenizer, n: int
+) -> list[list[int]]:
+    prompts = []
+    for _ in range(n):
+        sample = data.make_sample(rng, split="eval", long_ratio=1.0)
+        system = sample.messages[0]["content"] if sample.messages[0]["role"] == "system" else ""
+        filler = system
+        messages = sample.messages
+        while True:
+            ids = tokenizer.apply_chat_template(
+                messages,
+                tools=sample.tools,
+                add_generation_prompt=True,
+                enable_thinking=sample.thinking,
+            )
+            if len(ids) >= target_tokens:
+                break
+            filler += "\n" + data._system_prompt(rng, True)
+            messages = [{"role": "system", "content": filler}] + [
+                m for m in sample.messages if m["role"] != "system"
+            ]
+        prompts.append(ids)
+    return prompts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=str(EMBEDDED_MODEL_PATH))
+    parser.add_argument("--seed", type=int, default=12345)
+    parser.add_argument("--n", type=int, default=300)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--long", type=int, default=4, help="prompts per long size (0 to skip)")
+    args = parser.parse_args()
+
+    from mlx_lm import load
+
+    model, tokenizer = load(args.model)
+    rng = random.Random(args.seed)
+    samples = [data.make_sample(rng, split="eval", long_ratio=0.05) for _ in range(args.n)]
+    prompts = [
+        tokenizer.apply_chat_template(
+            s.messages, tools=s.tools, add_generation_prompt=True, enable_thinking=s.thinking
+        )
+        for s in samples
+    ]
+    started = time.monotonic()
+    outputs = generate_all(model, tokenizer, prompts, args.max_tokens)
+    elapsed = time.monotonic() - started
+
+    eos = sum(reason == "stop" for _, reason in outputs)
+    tool_samples = valid = correct = complete = 0
+    thinking_samples = well_formed = 0
+    examples: dict[str, str] = {}
+    for sample, (ids, _reason) in zip(samples, outputs, strict=True):
+        text, calls, reasoning, answer, raw_calls, invalid = parse(tokenizer, sample, ids)
+        examples.setdefault(sample.kind + ("+think" if sample.thinking else ""), text)
+        if sample.kind in ("tool", "tool2"):
+            tool_samples += 1
+            if raw_calls and not invalid and len(calls) == raw_calls:
+                valid += 1
+            names = [c.name for c in calls]
+            if names == sample.expected_tools:
+                correct += 1
+            if (
+                calls
+                and len(calls) == len(sample.required)
+                and all(
+                    all(p in json.loads(c.arguments) for p in req)
+                    for c, req in zip(calls, sample.required, strict=True)
+                )
+            ):
+                complete += 1
+        if sample.thinking:
+            thinking_samples += 1
+            if reasoning.strip() and "</think>" in text and (answer.strip() or calls):
+                well_formed += 1
+
+    def pct(a: int, b: int) -> str:
+        return f"{100 * a / b:5.1f} % ({a}/{b})" if b else "   n/a"
+
+    print(f"model: {args.model}")
+    print(
+        f"held-out prompts: {args.n} (seed {args.seed}, unseen tool names), output cap {args.max_tokens}, {elapsed:.0f} s"
+    )
+    print(f"EOS within cap:              {pct(eos, args.n)}   target >= 99 %")
+    print(f"valid tool-call JSON:        {pct(valid, tool_samples)}   target >= 95 %")
+    print(f"correct offered tool:        {pct(correct, tool_samples)}   target >= 90 %")
+    print(f"required arguments present:  {pct(complete, tool_samples)}")
+    print(f"well-formed reasoning:       {pct(well_formed, thinking_samples)}   target >= 95 %")
+    for size in (4096, 20000) if args.long else ():
+        long_prompts = long_prompt_samples(
+            random.Random(args.seed + size), size, tokenizer, args.long
+        )
+        outs = generate_all(model, tokenizer, long_prompts, 512, batch=2)
+        stops = sum(r == "stop" for _, r in outs)
+        lengths = [len(ids) for ids, _ in outs]
+        print(f"~{size}-token prompts:        EOS {stops}/{len(outs)}, output tokens {lengths}")
+    print("\nexamples:")
+    for kind, text in sorted(examples.items()):
+        print(f"  [{kind}] {text[:200]!r}")
+
+
+if __name__ == "__main__":
+    main()
