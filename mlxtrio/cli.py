@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--default-max-tokens", type=int)
     serve.add_argument("--max-output-tokens", type=int)
     serve.add_argument("--prefill-chunk", type=int)
+    serve.add_argument(
+        "--prefix-cache-bytes", type=int, help="prefix KV cache budget per model (-1 auto, 0 off)"
+    )
     serve.add_argument("--sse-keepalive", type=float)
     serve.add_argument("--sse-drain-timeout", type=float)
     serve.add_argument(

@@ -39,7 +39,36 @@ class _LiveCollector(Collector):
             "Sequences cancelled before they finished",
             labels=["model"],
         )
+        cache_hits = CounterMetricFamily(
+            "mlxtrio_prefix_cache_hits", "Requests that reused a cached prefix", labels=["model"]
+        )
+        cache_misses = CounterMetricFamily(
+            "mlxtrio_prefix_cache_misses", "Requests with no reusable prefix", labels=["model"]
+        )
+        cache_tokens = CounterMetricFamily(
+            "mlxtrio_prefix_cache_cached_tokens",
+            "Prompt tokens served from the prefix cache",
+            labels=["model"],
+        )
+        cache_evictions = CounterMetricFamily(
+            "mlxtrio_prefix_cache_evictions",
+            "Snapshots evicted for the byte budget",
+            labels=["model"],
+        )
+        cache_bytes = GaugeMetricFamily(
+            "mlxtrio_prefix_cache_bytes", "Bytes of KV snapshots held", labels=["model"]
+        )
+        cache_entries = GaugeMetricFamily(
+            "mlxtrio_prefix_cache_entries", "KV snapshots held", labels=["model"]
+        )
         for model, engine, lane in self._sources():
+            index = engine.prefix_index
+            cache_hits.add_metric([model], index.stats.hits)
+            cache_misses.add_metric([model], index.stats.misses)
+            cache_tokens.add_metric([model], index.stats.cached_tokens)
+            cache_evictions.add_metric([model], index.stats.evictions)
+            cache_bytes.add_metric([model], index.nbytes)
+            cache_entries.add_metric([model], len(index))
             active.add_metric([model], engine.active_sequences)
             queued.add_metric([model], lane.waiting)
             generated.add_metric([model], engine.stats.generated_tokens)
@@ -47,6 +76,14 @@ class _LiveCollector(Collector):
             steps.add_metric([model], engine.stats.steps)
             cancelled.add_metric([model], engine.stats.cancelled)
         yield from (active, queued, generated, prompt, steps, cancelled)
+        yield from (
+            cache_hits,
+            cache_misses,
+            cache_tokens,
+            cache_evictions,
+            cache_bytes,
+            cache_entries,
+        )
 
 
 class Metrics:

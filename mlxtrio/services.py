@@ -57,6 +57,7 @@ class Services:
                 capacity=s.capacity,
                 prefill_chunk=s.prefill_chunk,
                 default_max_tokens=s.default_max_tokens,
+                prefix_cache_bytes=s.prefix_cache_budget,
             )
             self.registry.add(engine)
             self.lanes[name] = AdmissionLane(name, s.capacity, s.waiting_room)

@@ -42,6 +42,9 @@ class Settings:
     capacity: int = 4
     waiting_room: int = 16
 
+    # Prefix KV cache budget per model in bytes: -1 = auto (20 % of physical
+    # memory, at most 16 GiB), 0 = off.
+    prefix_cache_bytes: int = -1
     default_max_tokens: int = 4096  # clamped to max_output_tokens
     max_output_tokens: int = 32768
     prefill_chunk: int = 512
@@ -71,6 +74,16 @@ class Settings:
         if not self.model:
             return EMBEDDED_MODEL_NAME
         return self.model.rstrip("/").split("/")[-1]
+
+    @property
+    def prefix_cache_budget(self) -> int:
+        if self.prefix_cache_bytes >= 0:
+            return self.prefix_cache_bytes
+        try:
+            physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            physical = 8 << 30
+        return min(physical // 5, 16 << 30)
 
     @property
     def data_path(self) -> Path:

@@ -87,6 +87,16 @@ def build(out: Path) -> Path:
     # Insert the selector after the think prefix of the generation prompt.
     tail = "{%- else -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}"
     template = template.replace(tail, tail + _SELECT, 1)
+    # History renders an assistant turn with the selector its generation prompt
+    # ended with (for the content-only scripts), so multi-turn prompts are
+    # prefix-stable like the embedded template's.
+    think = "{{- '<think>\\n' + (message.reasoning_content or '') + '\\n</think>\\n\\n' -}}"
+    assert think in template, "embedded template changed; update the scripted model"
+    reselect = (
+        "{%- if not message.tool_calls and message.content == 'Hello world.' -%}{{- '<|s_plain|>' -}}"
+        "{%- elif not message.tool_calls and message.content == 'It is sunny.' -%}{{- '<|s_after|>' -}}{%- endif -%}"
+    )
+    template = template.replace(think, think + reselect, 1)
     tok_config["chat_template"] = template
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
 

@@ -54,7 +54,9 @@ CONFIG = {
 # The chat template. Rendering rules that matter to the server:
 # * a prompt that grows by appending turns renders to a token sequence that
 #   extends the previous rendering (prefix-stable): earlier assistant turns keep
-#   their reasoning, nothing depends on "is this the last message";
+#   their reasoning, nothing depends on "is this the last message", and every
+#   assistant turn renders its think block - empty ones too - exactly as the
+#   generation prompt plus the model's output had it;
 # * tools are listed as JSON in the system turn, tool calls are rendered as
 #   <tool_call>{"name": ..., "arguments": {...}}</tool_call>;
 # * `enable_thinking` opens a <think> block in the generation prompt, otherwise an
@@ -75,9 +77,7 @@ CHAT_TEMPLATE = (
     "{%- for message in messages[ns.start:] -%}"
     "{%- if message.role == 'assistant' -%}"
     "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if message.reasoning_content -%}"
-    "{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' -}}"
-    "{%- endif -%}"
+    "{{- '<think>\\n' + (message.reasoning_content or '') + '\\n</think>\\n\\n' -}}"
     "{{- message.content or '' -}}"
     "{%- for tool_call in message.tool_calls or [] -%}"
     '{{- \'<tool_call>{"name": "\' + tool_call.name + \'", "arguments": \' -}}'
@@ -167,6 +167,14 @@ def build_tokenizer(out: Path, seed: int, texts: list[str] | None = None) -> Non
     (out / "special_tokens_map.json").write_text(
         json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, indent=2)
     )
+
+
+def write_template(out: Path) -> None:
+    """Refresh only the chat template of an existing model directory."""
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["chat_template"] = CHAT_TEMPLATE
+    path.write_text(json.dumps(config, indent=2))
 
 
 def write_config(out: Path) -> None:

@@ -3,6 +3,7 @@ place in the admission lane, run the turn."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ..admission import QueueFull, Ticket
@@ -11,6 +12,7 @@ from ..chat.prompt import PromptError, RenderedPrompt, render
 from ..chat.turn import OnSegment, TurnResult, run_turn
 from ..engine.engine import Engine
 from ..engine.handle import EngineError
+from ..engine.prefix_cache import Match
 from ..engine.types import SamplingParams
 from ..http.errors import invalid_request, rate_limited, server_error
 from .deps import on_request_end, services
@@ -51,6 +53,35 @@ def reserve(engine: Engine) -> Ticket:
     return ticket
 
 
+@dataclass
+class CacheLookup:
+    """The prefix-cache match of one request, known before any header is sent."""
+
+    match: Match | None
+    domain: str
+    continuation: bool
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.match.length if self.match is not None else 0
+
+    def headers(self) -> dict[str, str]:
+        if self.continuation:
+            state = "hit" if self.cached_tokens else "cold_replay"
+        else:
+            state = "prefix_hit" if self.cached_tokens else "fresh"
+        return {"X-Session-Cache": state, "X-Cached-Tokens": str(self.cached_tokens)}
+
+
+def lookup(
+    engine: Engine, prompt: RenderedPrompt, domain: str = "", continuation: bool = False
+) -> CacheLookup:
+    """Find (and pin until the request ends) the longest cached prefix."""
+    match = engine.lookup(prompt.tokens, domain)
+    on_request_end(lambda: engine.release(match))
+    return CacheLookup(match, domain, continuation)
+
+
 async def generate(
     engine: Engine,
     ticket: Ticket,
@@ -58,12 +89,23 @@ async def generate(
     sampling: SamplingParams,
     conversation: Conversation,
     on_segment: OnSegment,
+    cache: CacheLookup,
     stop_sequences: list[str] | None = None,
 ) -> TurnResult:
     """Run the turn, releasing the admission slot as soon as it is done."""
     tools: list[dict[str, Any]] | None = [t.template_dict() for t in conversation.tools] or None
     try:
-        result = await run_turn(engine, ticket, prompt, sampling, on_segment, tools, stop_sequences)
+        result = await run_turn(
+            engine,
+            ticket,
+            prompt,
+            sampling,
+            on_segment,
+            tools,
+            stop_sequences,
+            cache.match,
+            cache.domain,
+        )
     except EngineError as exc:
         raise server_error(f"generation failed: {exc}") from None
     finally:

@@ -19,7 +19,15 @@ from ..http.sse import ANTHROPIC_PING, SSE_HEADERS, EventSink, EventStream
 from ..http.transport import read_json_body
 from ..protocol.anthropic import MessageObject
 from .deps import request_nursery, resolve_engine, services
-from .generation import SHUTDOWN_MESSAGE, generate, output_budget, render_prompt, reserve
+from .generation import (
+    SHUTDOWN_MESSAGE,
+    CacheLookup,
+    generate,
+    lookup,
+    output_budget,
+    render_prompt,
+    reserve,
+)
 from .messages_events import MessageAssembler
 
 blueprint = Blueprint("messages", __name__)
@@ -46,10 +54,11 @@ async def create_message() -> Response:
         max_tokens=output_budget(request.max_tokens, engine, prompt),
         reasoning_budget=request.thinking_budget if prompt.starts_in_reasoning else None,
     )
+    cache = lookup(engine, prompt)
     ticket = reserve(engine)
     message = MessageObject(model=request.model)
     if request.stream:
-        return _stream(request, engine, ticket, prompt, sampling, message)
+        return _stream(request, engine, ticket, prompt, sampling, message, cache)
     assembler = MessageAssembler(message)
     result = await generate(
         engine,
@@ -58,12 +67,15 @@ async def create_message() -> Response:
         sampling,
         request.conversation,
         assembler.on_segment,
+        cache,
         request.stop_sequences,
     )
     if result.finish_reason == "cancelled":
         raise unavailable(SHUTDOWN_MESSAGE)
     await assembler.finish(result)
-    return jsonify(message.wire())
+    out = jsonify(message.wire())
+    out.headers.update(cache.headers())
+    return out
 
 
 def _stream(
@@ -73,12 +85,13 @@ def _stream(
     prompt: RenderedPrompt,
     sampling: SamplingParams,
     message: MessageObject,
+    cache: CacheLookup,
 ) -> Response:
     settings = services().settings
 
     async def produce(sink: EventSink) -> None:
         assembler = MessageAssembler(message, sink.send)
-        await assembler.start(len(prompt.tokens), cached_tokens=0)
+        await assembler.start(len(prompt.tokens), cached_tokens=cache.cached_tokens)
         try:
             result = await generate(
                 engine,
@@ -87,6 +100,7 @@ def _stream(
                 sampling,
                 request.conversation,
                 assembler.on_segment,
+                cache,
                 request.stop_sequences,
             )
         except ApiError as exc:
@@ -104,7 +118,7 @@ def _stream(
         drain_timeout=settings.sse_drain_timeout,
         keepalive_frame=ANTHROPIC_PING,
     )
-    out = Response(stream.body(), status=200, headers=SSE_HEADERS)
+    out = Response(stream.body(), status=200, headers={**SSE_HEADERS, **cache.headers()})
     out.timeout = None
     return out
 

@@ -36,7 +36,15 @@ from ..http.transport import read_json_body
 from ..protocol.openai_responses import ResponseObject, TextConfig, new_id
 from ..store import StoredResponse, StoreError
 from .deps import request_nursery, resolve_engine, services
-from .generation import SHUTDOWN_MESSAGE, generate, output_budget, render_prompt, reserve
+from .generation import (
+    SHUTDOWN_MESSAGE,
+    CacheLookup,
+    generate,
+    lookup,
+    output_budget,
+    render_prompt,
+    reserve,
+)
 from .responses_events import ResponseAssembler
 
 log = logging.getLogger("mlxtrio.responses")
@@ -66,19 +74,33 @@ async def create_response() -> Response:
         max_tokens=output_budget(request.max_output_tokens, turn.engine, prompt),
         seed=request.body.get("seed") if isinstance(request.body.get("seed"), int) else None,
     )
+    continuation = request.previous_response_id is not None
+    cache = lookup(turn.engine, prompt, _cache_domain(request), continuation)
     ticket = reserve(turn.engine)
     response = initial_response(turn)
     if request.stream:
-        return stream_response(turn, ticket, prompt, sampling, response)
+        return stream_response(turn, ticket, prompt, sampling, response, cache)
     assembler = make_assembler(turn, response)
     result = await generate(
-        turn.engine, ticket, prompt, sampling, turn.conversation, assembler.on_segment
+        turn.engine, ticket, prompt, sampling, turn.conversation, assembler.on_segment, cache
     )
     if result.finish_reason == "cancelled":
         raise unavailable(SHUTDOWN_MESSAGE)
     await assembler.complete(result)
     await persist(turn, response)
-    return jsonify(response.wire())
+    out = jsonify(response.wire())
+    out.headers.update(cache.headers())
+    return out
+
+
+def _cache_domain(request: ResponsesRequest) -> str:
+    """``cache_salt`` isolates cached prefixes: requests share KV only within a salt."""
+    salt = request.body.get("cache_salt")
+    if salt is None:
+        return ""
+    if not isinstance(salt, str) or len(salt.encode()) > 256:
+        raise invalid_request("cache_salt must be a string of at most 256 bytes", "cache_salt")
+    return "salt:" + salt
 
 
 async def prepare(request: ResponsesRequest) -> Turn:
@@ -222,6 +244,7 @@ def stream_response(
     prompt: RenderedPrompt,
     sampling: SamplingParams,
     response: ResponseObject,
+    cache: CacheLookup,
 ) -> Response:
     settings = services().settings
 
@@ -230,7 +253,13 @@ def stream_response(
         await assembler.start()
         try:
             result = await generate(
-                turn.engine, ticket, prompt, sampling, turn.conversation, assembler.on_segment
+                turn.engine,
+                ticket,
+                prompt,
+                sampling,
+                turn.conversation,
+                assembler.on_segment,
+                cache,
             )
         except ApiError as exc:
             await assembler.fail(exc.message)
@@ -248,7 +277,7 @@ def stream_response(
         keepalive=settings.sse_keepalive,
         drain_timeout=settings.sse_drain_timeout,
     )
-    out = Response(stream.body(), status=200, headers=SSE_HEADERS)
+    out = Response(stream.body(), status=200, headers={**SSE_HEADERS, **cache.headers()})
     out.timeout = None  # our drain deadline replaces Quart's 60 s response timeout
     return out
 

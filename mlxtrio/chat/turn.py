@@ -13,6 +13,7 @@ from typing import Any
 from ..admission import Ticket
 from ..engine.engine import Engine
 from ..engine.output import OutputParser, ParsedToolCall, Segment
+from ..engine.prefix_cache import Match
 from ..engine.types import GenerationStats, SamplingParams
 from .prompt import RenderedPrompt
 from .stops import StopScanner
@@ -39,6 +40,8 @@ async def run_turn(
     on_segment: OnSegment,
     tools: list[dict[str, Any]] | None = None,
     stop_sequences: list[str] | None = None,
+    match: Match | None = None,
+    domain: str = "",
 ) -> TurnResult:
     """Generate one turn, calling ``on_segment`` for each parsed segment in order.
 
@@ -70,7 +73,7 @@ async def run_turn(
             await on_segment(segment)
 
     async with ticket:
-        async with engine.submit(prompt.tokens, sampling) as handle:
+        async with engine.submit(prompt.tokens, sampling, match=match, domain=domain) as handle:
             async for event in handle:
                 if parser.state == "reasoning":
                     result.reasoning_tokens += len(event.token_ids)

@@ -15,6 +15,7 @@ Threading contract
 
 from __future__ import annotations
 
+import copy
 import enum
 import logging
 import queue
@@ -26,6 +27,7 @@ from typing import Any
 import trio
 
 from .handle import EngineError, GenerationHandle
+from .prefix_cache import Entry, Match, PrefixIndex
 from .types import EngineStats, GenerationEvent, GenerationStats, SamplingParams
 
 log = logging.getLogger("mlxtrio.engine")
@@ -67,6 +69,7 @@ class Engine:
         capacity: int,
         prefill_chunk: int,
         default_max_tokens: int,
+        prefix_cache_bytes: int = 0,
     ) -> None:
         self.name = name
         self.path = path
@@ -86,6 +89,10 @@ class Engine:
         self._live_handles: set[GenerationHandle] = set()  # Trio side
         self._idle = trio.Event()
         self._idle.set()
+        # Prefix cache: the index lives on the Trio side, the snapshots here.
+        self.prefix_index = PrefixIndex(prefix_cache_bytes, self._drop_snapshots)
+        self._snapshots: dict[int, list[Any]] = {}  # engine thread only
+        self._next_entry = 0
 
     # ------------------------------------------------------------------
     # Trio side
@@ -125,9 +132,28 @@ class Engine:
         self.launch()
         await self.wait_ready()
 
-    def submit(self, prompt: list[int], sampling: SamplingParams) -> GenerationHandle:
+    def lookup(self, prompt: list[int], domain: str = "") -> Match | None:
+        """The longest cached prefix of ``prompt`` in isolation ``domain``, pinned
+        until :meth:`release` (or until a sequence submitted with it starts).
+        Synchronous, no engine work: callers know the reuse before sending headers."""
+        return self.prefix_index.lookup((self.name, domain), prompt)
+
+    def release(self, match: Match | None) -> None:
+        """Unpin a match from :meth:`lookup`; idempotent."""
+        self.prefix_index.release(match)
+
+    def submit(
+        self,
+        prompt: list[int],
+        sampling: SamplingParams,
+        *,
+        match: Match | None = None,
+        domain: str = "",
+    ) -> GenerationHandle:
         """Queue a sequence for generation; returns at once.
 
+        ``match`` (from :meth:`lookup` with the same prompt) makes it start from a
+        cached prefix; the sequence's KV is cached under ``domain`` when it ends.
         The returned handle must be used as an async context manager so that it is
         cancelled whatever way the caller leaves. Raises :class:`EngineError` if
         the engine is not serving.
@@ -136,7 +162,9 @@ class Engine:
             raise EngineError(f"engine for {self.name!r} is {self.state.value}")
         if not prompt:
             raise EngineError("empty prompt")
-        handle = GenerationHandle(prompt, sampling, self._request_cancel)
+        handle = GenerationHandle(
+            prompt, sampling, self._request_cancel, (self.name, domain), match
+        )
         self._live_handles.add(handle)
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self._commands.put(("submit", handle))
@@ -170,6 +198,13 @@ class Engine:
             log.warning("engine thread for %s did not stop in time; abandoning it", self.name)
         if self.state is not EngineState.FAILED:
             self.state = EngineState.STOPPED
+
+    def _drop_snapshots(self, entry_ids: list[int]) -> None:
+        self._commands.put(("drop", entry_ids))
+
+    def _index_snapshot(self, entry: Entry) -> None:
+        """Trio side: the engine holds a new snapshot."""
+        self.prefix_index.add(entry)
 
     def _request_cancel(self, handle: GenerationHandle) -> None:
         handle.cancel_requested_at_step = self.stats.steps
@@ -272,6 +307,9 @@ class Engine:
                 self._insert(arg)
             elif command == "cancel":
                 self._remove(arg)
+            elif command == "drop":
+                for entry_id in arg:
+                    self._snapshots.pop(entry_id, None)
 
     def _insert(self, handle: GenerationHandle) -> None:
         from mlx_lm.generate import StopSequences
@@ -281,6 +319,8 @@ class Engine:
         now = time.perf_counter()
         stats = GenerationStats(prompt_tokens=len(handle.prompt))
         if handle.cancel_requested:
+            if handle.match is not None:
+                self._post(self.prefix_index.release, handle.match)
             self._post(self._deliver_batch, [(handle, _final("cancelled", stats))])
             return
         params = handle.sampling
@@ -290,9 +330,13 @@ class Engine:
         end_tokens = getattr(self.tokenizer, "think_end_tokens", None) or ()
         if params.reasoning_budget is not None and len(end_tokens) == 1:
             processors.append(reasoning_budget_processor(params.reasoning_budget, end_tokens[0]))
+        cache, reused = self._cache_for(handle)
+        stats.cached_tokens = reused
         (uid,) = self._gen.insert(
-            [handle.prompt],
+            [handle.prompt[reused:]],
             max_tokens=[params.max_tokens],
+            caches=[cache],
+            all_tokens=[handle.prompt[:reused]],
             samplers=[sampler_for(params)],
             logits_processors=[processors],
             stop_sequences=[stops],
@@ -302,11 +346,44 @@ class Engine:
         self._by_handle[handle] = seq
         self.stats.submitted += 1
 
+    def _cache_for(self, handle: GenerationHandle) -> tuple[Any, int]:
+        """A private copy of the matched snapshot trimmed to the match, or (None, 0).
+        The match is unpinned once the copy exists."""
+        match = handle.match
+        if match is None:
+            return None, 0
+        snapshot = self._snapshots.get(match.entry.id)
+        self._post(self.prefix_index.release, match)
+        if snapshot is None:
+            return None, 0
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        cache = copy.deepcopy(snapshot)
+        excess = len(match.entry.tokens) - match.length
+        if excess > 0 and trim_prompt_cache(cache, excess) != excess:
+            return None, 0
+        return cache, match.length
+
+    def _keep_snapshot(self, key: Any, cache: list[Any] | None, tokens: list[int]) -> None:
+        """Hold a finished or cancelled sequence's KV and tell the index about it."""
+        if not self.prefix_index.enabled or not cache or not tokens:
+            return
+        from mlx_lm.models.cache import can_trim_prompt_cache
+
+        entry_id, self._next_entry = self._next_entry, self._next_entry + 1
+        self._snapshots[entry_id] = cache
+        nbytes = sum(c.nbytes for c in cache)
+        entry = Entry(entry_id, key, list(tokens), nbytes, can_trim_prompt_cache(cache))
+        self._post(self._index_snapshot, entry)
+
     def _remove(self, handle: GenerationHandle) -> None:
         seq = self._by_handle.pop(handle, None)
         if seq is None:
             return  # finished already, or never inserted
-        self._gen.remove([seq.uid])
+        kept = self._gen.remove([seq.uid], return_prompt_caches=self.prefix_index.enabled)
+        if seq.uid in kept:  # keep what was prefilled: the next turn may reuse it
+            cache, tokens = kept[seq.uid]
+            self._keep_snapshot(handle.cache_key, cache, tokens)
         del self._live[seq.uid]
         self.stats.cancelled += 1
         if handle.cancel_requested_at_step is not None:
@@ -356,6 +433,7 @@ class Engine:
         detok.finalize()
         del self._live[seq.uid]
         self._by_handle.pop(seq.handle, None)
+        self._keep_snapshot(seq.handle.cache_key, r.prompt_cache, r.all_tokens)
         self.stats.finished += 1
         self._finish_stats(seq, now)
         return GenerationEvent((r.token,), detok.last_segment, r.finish_reason, stats)

@@ -10,11 +10,12 @@ plus the final one).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from types import TracebackType
 
 import trio
 
+from .prefix_cache import Match
 from .types import GenerationEvent, GenerationStats, SamplingParams
 
 
@@ -36,10 +37,16 @@ class GenerationHandle:
         prompt: list[int],
         sampling: SamplingParams,
         request_cancel: Callable[[GenerationHandle], None],
+        cache_key: Hashable = None,
+        match: Match | None = None,
     ) -> None:
         self.prompt = prompt
         self.sampling = sampling
-        self.stats = GenerationStats(prompt_tokens=len(prompt))
+        self.cache_key = cache_key
+        self.match = match  # a pinned prefix to start from (engine reads entry id and length)
+        self.stats = GenerationStats(
+            prompt_tokens=len(prompt), cached_tokens=match.length if match else 0
+        )
         self.finish_reason: str | None = None
         self._request_cancel = request_cancel
         self._events: deque[GenerationEvent] = deque()
