@@ -68,6 +68,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             "default_max_tokens",
             "max_output_tokens",
             "prefill_chunk",
+            "prefix_cache_bytes",
             "sse_keepalive",
             "sse_drain_timeout",
             "shutdown_grace",

@@ -1,0 +1,254 @@
+"""Agent-loop time to first token: prefix cache on, off, and mlx_lm.server.
+
+    python benchmarks/agent_loop.py [--model PATH] [--turns 10] [--openblas]
+
+A 10-turn agent conversation with a ~2k-token system prompt and tools, resent in
+full every turn like Claude Code and Codex do, growing by a user message and an
+assistant reply per turn (fixed texts, so all three servers see the same
+conversation). For each server, one server process at a time, per-turn TTFT is
+measured by the client: from sending the request to the first streamed output
+delta. Prints the table and the goal ratios:
+
+* warm-turn TTFT with the cache / without it   (goal <= 0.2)
+* warm-turn TTFT with the cache / mlx_lm.server (goal <= 0.5)
+
+``--openblas`` preloads Debian's OpenBLAS for every server (Linux; same setting
+for all sides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mlxtrio.settings import EMBEDDED_MODEL_PATH  # noqa: E402
+
+OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
+
+RULES = [
+    "Read the relevant files before editing anything.",
+    "Prefer small, reviewable changes and explain each one.",
+    "Run the tests after every change and report the result.",
+    "Never run destructive commands without asking first.",
+    "Quote file paths exactly as they appear in the repository.",
+    "Keep answers short; use lists for steps.",
+]
+TOOLS = [
+    {
+        "type": "function",
+        "name": name,
+        "description": desc,
+        "parameters": {
+            "type": "object",
+            "properties": {arg: {"type": "string"}},
+            "required": [arg],
+        },
+    }
+    for name, desc, arg in [
+        ("read_file", "Read a file from the workspace.", "path"),
+        ("write_file", "Write a file in the workspace.", "path"),
+        ("run_command", "Run a shell command and return its output.", "command"),
+        ("search", "Search the repository for a pattern.", "query"),
+        ("list_files", "List the files in a directory.", "path"),
+    ]
+]
+
+
+def system_prompt(target_words: int = 1400) -> str:
+    lines, words, i = [], 0, 0
+    while words < target_words:
+        rule = f"{i + 1}. {RULES[i % len(RULES)]} (section {i // len(RULES) + 1})"
+        lines.append(rule)
+        words += len(rule.split())
+        i += 1
+    return "You are a coding agent working in a user's repository.\n" + "\n".join(lines)
+
+
+def conversation(turns: int) -> list[list[dict]]:
+    """The history sent at each turn."""
+    history: list[dict] = []
+    per_turn = []
+    for t in range(turns):
+        history.append(
+            {
+                "role": "user",
+                "content": f"Step {t + 1}: please look at module_{t}.py and tell me what the function handle_{t} does, then suggest one small improvement with a test.",
+            }
+        )
+        per_turn.append(list(history))
+        history.append(
+            {
+                "role": "assistant",
+                "content": f"handle_{t} validates its input and writes a record. Improvement: reject empty names early; test: call handle_{t}('') and expect a ValueError.",
+            }
+        )
+    return per_turn
+
+
+def wait_ready(url: str, path: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 180
+    with httpx.Client(timeout=5) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}")
+            try:
+                if client.get(url + path).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+    raise RuntimeError("server did not become ready")
+
+
+def ttft_mlxtrio(url: str, model: str, system: str, history: list[dict], max_tokens: int) -> float:
+    body = {
+        "model": model,
+        "instructions": system,
+        "input": history,
+        "tools": TOOLS,
+        "stream": True,
+        "max_output_tokens": max_tokens,
+        "store": False,
+    }
+    started = time.perf_counter()
+    first = None
+    with (
+        httpx.Client(timeout=600) as client,
+        client.stream("POST", url + "/v1/responses", json=body) as r,
+    ):
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            kind = json.loads(line[6:])["type"]
+            if first is None and kind.endswith(".delta"):
+                first = time.perf_counter() - started
+    return first if first is not None else time.perf_counter() - started
+
+
+def ttft_mlx_lm(url: str, model: str, system: str, history: list[dict], max_tokens: int) -> float:
+    tools = [
+        {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in TOOLS
+    ]
+    body = {
+        "model": model,
+        "messages": [{"role": "system", "content": system}, *history],
+        "tools": tools,
+        "stream": True,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    started = time.perf_counter()
+    first = None
+    with (
+        httpx.Client(timeout=600) as client,
+        client.stream("POST", url + "/v1/chat/completions", json=body) as r,
+    ):
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line.strip() == "data: [DONE]":
+                continue
+            delta = (json.loads(line[6:]).get("choices") or [{}])[0].get("delta") or {}
+            if first is None and (
+                delta.get("content") or delta.get("reasoning") or delta.get("tool_calls")
+            ):
+                first = time.perf_counter() - started
+    return first if first is not None else time.perf_counter() - started
+
+
+def run_server(
+    kind: str, model_path: str, port: int, env: dict, turns: int, max_tokens: int
+) -> list[float]:
+    url = f"http://127.0.0.1:{port}"
+    if kind == "mlx_lm":
+        cmd = [
+            sys.executable,
+            "-m",
+            "mlx_lm.server",
+            "--model",
+            model_path,
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+        ]
+        ready, measure, model = "/v1/models", ttft_mlx_lm, model_path
+    else:
+        cmd = [
+            sys.executable,
+            "-m",
+            "mlxtrio.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--model",
+            model_path,
+            "--model-name",
+            "bench",
+            "--log-level",
+            "warning",
+        ]
+        cmd += ["--prefix-cache-bytes", "0" if kind == "mlxtrio-nocache" else "-1"]
+        ready, measure, model = "/health", ttft_mlxtrio, "bench"
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(url, ready, proc)
+        system = system_prompt()
+        measure(
+            url, model, "warm-up " + system[:200], [{"role": "user", "content": "hi"}], 2
+        )  # load and compile
+        return [measure(url, model, system, history, max_tokens) for history in conversation(turns)]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=str(EMBEDDED_MODEL_PATH))
+    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--port", type=int, default=18531)
+    parser.add_argument(
+        "--openblas", action="store_true", help=f"LD_PRELOAD {OPENBLAS} for every server"
+    )
+    args = parser.parse_args()
+
+    env = {**os.environ}
+    if args.openblas:
+        if not Path(OPENBLAS).exists():
+            sys.exit(f"{OPENBLAS} not found (apt-get install libopenblas0-pthread)")
+        env["LD_PRELOAD"] = OPENBLAS
+    results = {}
+    for i, kind in enumerate(("mlxtrio", "mlxtrio-nocache", "mlx_lm")):
+        results[kind] = run_server(
+            kind, args.model, args.port + i, env, args.turns, args.max_tokens
+        )
+
+    print(f"model: {args.model}   turns: {args.turns}   openblas: {args.openblas}")
+    print(f"{'turn':>4} {'mlxtrio':>12} {'no cache':>12} {'mlx_lm.server':>14}   (TTFT, seconds)")
+    for t in range(args.turns):
+        print(
+            f"{t + 1:>4} {results['mlxtrio'][t]:>12.3f} {results['mlxtrio-nocache'][t]:>12.3f} {results['mlx_lm'][t]:>14.3f}"
+        )
+    warm = statistics.mean(results["mlxtrio"][1:])
+    cold = statistics.mean(results["mlxtrio-nocache"][1:])
+    other = statistics.mean(results["mlx_lm"][1:])
+    print(
+        f"warm turns (2..{args.turns}) mean TTFT: mlxtrio {warm:.3f} s, no cache {cold:.3f} s, mlx_lm.server {other:.3f} s"
+    )
+    print(f"ratio cached / no cache:      {warm / cold:.3f}  (goal <= 0.2)")
+    print(f"ratio cached / mlx_lm.server: {warm / other:.3f}  (goal <= 0.5)")
+
+
+if __name__ == "__main__":
+    main()
