@@ -6,6 +6,7 @@ Flags override ``MLXTRIO_*`` environment variables, which override defaults.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import sys
@@ -18,63 +19,50 @@ from .settings import Settings, SettingsError, parse_aliases
 log = logging.getLogger("mlxtrio")
 
 
+HELP = {
+    "model": "model path or hub id (default: the embedded model)",
+    "model_name": "public name of --model",
+    "capacity": "concurrent sequences per model",
+    "waiting_room": "queued requests per model before 429",
+    "prefix_cache_bytes": "prefix KV cache budget per model (-1 auto, 0 off)",
+    "shutdown_grace": "seconds in-flight generations get at shutdown",
+    "database_url": "response store URL, or none",
+}
+REPEATABLE = {
+    "extra_models": ("--extra-model", "another model, name=path"),
+    "aliases": ("--alias", "alias=model (patterns like claude-*=NAME)"),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """`mlxtrio serve` takes one flag per setting (derived from :class:`Settings`,
+    so the two cannot drift apart)."""
     parser = argparse.ArgumentParser(
         prog="mlxtrio", description="Local MLX server for coding agents"
     )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the OpenAI Responses and Anthropic Messages APIs")
-    serve.add_argument("--model", help="model path or hub id (default: the embedded model)")
-    serve.add_argument("--model-name", help="public name of --model")
-    serve.add_argument(
-        "--extra-model", action="append", dest="extra_models", help="another model, name=path"
-    )
-    serve.add_argument(
-        "--alias", action="append", dest="aliases", help="alias=model (patterns like claude-*=NAME)"
-    )
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--api-key")
-    serve.add_argument("--capacity", type=int, help="concurrent sequences per model")
-    serve.add_argument("--waiting-room", type=int, help="queued requests per model before 429")
-    serve.add_argument("--default-max-tokens", type=int)
-    serve.add_argument("--max-output-tokens", type=int)
-    serve.add_argument("--prefill-chunk", type=int)
-    serve.add_argument(
-        "--prefix-cache-bytes", type=int, help="prefix KV cache budget per model (-1 auto, 0 off)"
-    )
-    serve.add_argument("--sse-keepalive", type=float)
-    serve.add_argument("--sse-drain-timeout", type=float)
-    serve.add_argument(
-        "--shutdown-grace", type=float, help="seconds in-flight generations get at shutdown"
-    )
-    serve.add_argument("--database-url")
-    serve.add_argument("--log-level")
+    for field in dataclasses.fields(Settings):
+        if field.name in REPEATABLE:
+            flag, text = REPEATABLE[field.name]
+            serve.add_argument(flag, action="append", dest=field.name, help=text)
+            continue
+        kind = {"int": int, "float": float}.get(str(field.type), str)
+        serve.add_argument(
+            "--" + field.name.replace("_", "-"),
+            type=kind,
+            dest=field.name,
+            help=HELP.get(field.name),
+        )
     sub.add_parser("models", help="list the models this configuration would serve")
     return parser
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     overrides = {
-        key: getattr(args, key, None)
-        for key in (
-            "model",
-            "model_name",
-            "host",
-            "port",
-            "api_key",
-            "capacity",
-            "waiting_room",
-            "default_max_tokens",
-            "max_output_tokens",
-            "prefill_chunk",
-            "prefix_cache_bytes",
-            "sse_keepalive",
-            "sse_drain_timeout",
-            "shutdown_grace",
-            "database_url",
-            "log_level",
-        )
+        f.name: getattr(args, f.name, None)
+        for f in dataclasses.fields(Settings)
+        if f.name not in REPEATABLE
     }
     if getattr(args, "extra_models", None):
         overrides["extra_models"] = tuple(args.extra_models)

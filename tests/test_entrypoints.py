@@ -110,3 +110,26 @@ def test_bad_settings_are_reported_by_name() -> None:
             assert word in str(exc)
         else:
             raise AssertionError(f"{env} was accepted")
+
+
+def test_every_setting_has_a_working_flag() -> None:
+    """Each Settings field is reachable from `mlxtrio serve --flag` (regression:
+    a flag that parsed but never reached the settings)."""
+    import dataclasses
+
+    samples = {int: "7", float: "7.5", str: "x"}
+    for field in dataclasses.fields(Settings):
+        flag = "--" + field.name.replace("_", "-")
+        if field.name in ("extra_models", "aliases"):
+            continue  # repeatable flags, covered above
+        kind = {"int": int, "float": float, "str": str}[str(field.type)]
+        value = samples[kind]
+        if field.name == "port":
+            value = "9123"
+        if field.name == "response_retention":
+            value = "3600"
+        if field.name == "database_url":
+            value = "none"
+        args = build_parser().parse_args(["serve", flag, value])
+        settings = settings_from_args(args)
+        assert str(getattr(settings, field.name)) == str(kind(value)), field.name
