@@ -334,3 +334,10 @@ def codex_patch(model: str) -> dict[str, Any]:
             },
         ],
     }
+
+
+def codex_patch_first(model: str) -> dict[str, Any]:
+    """The turn before ``codex_patch``: the model is asked and should patch."""
+    body = codex_patch(model)
+    body["input"] = _codex_prelude()
+    return body

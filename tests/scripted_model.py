@@ -11,6 +11,8 @@ template ends the generation prompt with a *selector* token that picks the chain
 * ``<|s_tool|>``   -> ``<tool_call>{"name": "get_weather", ...}</tool_call>`` EOS
 * ``<|s_tools2|>`` -> two tool calls in one turn, EOS
 * ``<|s_after|>``  -> (after a tool result) ``It is sunny.`` EOS
+* ``<|s_think_tool|>`` -> (tools + thinking) reasoning, text, then a call, EOS
+* ``<|s_patch|>``  -> (an ``apply_patch`` tool offered) text, then a freeform patch call
 * ``<|s_loop|>``   -> ``la la la ...`` forever (for disconnect tests)
 
 The model is loaded and run by the real engine through ``mlx_lm.load``.
@@ -26,6 +28,13 @@ from mlxtrio.settings import EMBEDDED_MODEL_PATH
 
 WEATHER_CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 TIME_CALL = '{"name": "get_time", "arguments": {"zone": "UTC"}}'
+OSLO_CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+PATCH_TEXT = "*** Begin Patch\n*** Add File: hello.txt\n+hello\n*** End Patch\n"
+PATCH_CALL = (
+    '<tool_call>{"name": "apply_patch", "arguments": {"input": '
+    + json.dumps(PATCH_TEXT)
+    + "}}</tool_call>"
+)
 
 CHAINS: dict[str, list[str]] = {
     "<|s_plain|>": ["Hello", " world."],
@@ -40,6 +49,16 @@ CHAINS: dict[str, list[str]] = {
         "</tool_call>",
     ],
     "<|s_after|>": ["It", " is sunny."],
+    # Markers are matched on text, so whole pieces may carry them.
+    "<|s_think_tool|>": [
+        "I should",
+        " check Oslo.",
+        "\n</think>\n\n",
+        "Checking",
+        " the weather.",
+        OSLO_CALL,
+    ],
+    "<|s_patch|>": ["Patching", " now.", PATCH_CALL],
 }
 LOOP_TOKEN = " la"
 SELECTORS = [*CHAINS, "<|s_loop|>"]
@@ -56,6 +75,8 @@ _SELECT = (
     "{%- if messages and 'LOOP' in (messages[-1].content or '') -%}{{- '<|s_loop|>' -}}"
     "{%- elif messages and messages[-1].role == 'tool' -%}{{- '<|s_after|>' -}}"
     "{%- elif tools and messages and 'TWO' in (messages[-1].content or '') -%}{{- '<|s_tools2|>' -}}"
+    "{%- elif tools and 'apply_patch' in (tools | tojson) -%}{{- '<|s_patch|>' -}}"
+    "{%- elif tools and enable_thinking is defined and enable_thinking -%}{{- '<|s_think_tool|>' -}}"
     "{%- elif tools -%}{{- '<|s_tool|>' -}}"
     "{%- elif enable_thinking is defined and enable_thinking -%}{{- '<|s_think|>' -}}"
     "{%- else -%}{{- '<|s_plain|>' -}}{%- endif -%}"

@@ -112,6 +112,30 @@ async def test_sdk_stream_tool_use(scripted: Server) -> None:
     assert final.stop_reason == "tool_use"
 
 
+async def test_thinking_text_and_tool_use_in_one_turn(scripted: Server) -> None:
+    async with sdk(scripted) as client:
+        async with client.messages.stream(
+            model=SCRIPTED,
+            max_tokens=128,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            tools=[WEATHER],
+            messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        ) as stream:
+            events = [event async for event in stream]
+            final = await stream.get_final_message()
+    thinking, text, tool = final.content
+    assert thinking.thinking == "I should check Oslo." and thinking.signature
+    assert text.text == "Checking the weather."
+    assert tool.type == "tool_use" and tool.input == {"city": "Oslo"}
+    assert final.stop_reason == "tool_use"
+    deltas = [e.delta.type for e in events if e.type == "content_block_delta"]
+    assert (
+        deltas.index("signature_delta")
+        < deltas.index("text_delta")
+        < deltas.index("input_json_delta")
+    )
+
+
 async def test_two_tool_uses_and_event_grammar(scripted: Server) -> None:
     events = await post_stream(
         scripted,
@@ -254,7 +278,7 @@ async def test_claude_code_replays_give_valid_streams(scripted: Server, path: st
     check_stream_grammar(plain)
     assert plain[0][1]["message"]["model"] == "claude-sonnet-4-5"
     kinds = [d["content_block"]["type"] for n, d in plain if n == "content_block_start"]
-    assert kinds == ["tool_use"]
+    assert kinds == ["thinking", "text", "tool_use"]
     toolcall = await post_stream(scripted, agent_fixtures.claude_toolcall("claude-opus-4-1"), path)
     check_stream_grammar(toolcall)
     # thinking is on (adaptive) and the scripted answer after a tool result never

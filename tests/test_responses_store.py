@@ -389,6 +389,41 @@ async def test_codex_replays_stream_to_completed(scripted: Server, fixture: str)
         assert (await client.get(f"/v1/responses/{final['id']}")).status_code == 404  # store: false
 
 
+async def test_custom_tool_call_output_for_apply_patch(scripted: Server) -> None:
+    from .scripted_model import PATCH_TEXT
+
+    async with scripted.client() as client:
+        r = await client.post("/v1/responses", json=agent_fixtures.codex_patch_first(SCRIPTED))
+    events = parse_sse(r.text)
+    names = [n for n, _ in events]
+    assert (
+        "response.custom_tool_call_input.delta" in names
+        and "response.custom_tool_call_input.done" in names
+    )
+    final = events[-1][1]["response"]
+    kinds = [item["type"] for item in final["output"]]
+    assert kinds[-1] == "custom_tool_call"
+    call = final["output"][-1]
+    assert (
+        call["name"] == "apply_patch"
+        and call["input"] == PATCH_TEXT
+        and call["call_id"].startswith("call_")
+    )
+    async with openai.AsyncOpenAI(
+        base_url=scripted.url + "/v1", api_key="x", max_retries=0
+    ) as sdk_client:
+        async with sdk_client.responses.stream(
+            **{
+                k: v
+                for k, v in agent_fixtures.codex_patch_first(SCRIPTED).items()
+                if k not in ("stream", "client_metadata")
+            },
+            extra_body={"client_metadata": {"x": "y"}},
+        ) as stream:
+            final_sdk = await stream.get_final_response()
+    assert final_sdk.output[-1].type == "custom_tool_call"
+
+
 async def test_sealed_reasoning_round_trip(scripted: Server) -> None:
     body = {
         "model": SCRIPTED,

@@ -58,8 +58,10 @@ class ResponsesRequest:
 
     @property
     def thinking(self) -> bool:
+        # Any reasoning object turns thinking on (Codex sends {"summary": "auto"}
+        # alone, meaning the default effort); "none"/"minimal" turn it off.
         effort = (self.reasoning or {}).get("effort")
-        return bool(self.reasoning) and effort not in (None, "none", "minimal")
+        return self.reasoning is not None and effort not in ("none", "minimal")
 
 
 def _is_int(value: Any) -> bool:
