@@ -31,6 +31,9 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _servers import wait_ready  # noqa: E402
 
 from mlxtrio.settings import EMBEDDED_MODEL_PATH  # noqa: E402
 
@@ -94,21 +97,6 @@ def conversation(turns: int) -> list[list[dict]]:
             }
         )
     return per_turn
-
-
-def wait_ready(url: str, path: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 180
-    with httpx.Client(timeout=5) as client:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}")
-            try:
-                if client.get(url + path).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-    raise RuntimeError("server did not become ready")
 
 
 def ttft_mlxtrio(url: str, model: str, system: str, history: list[dict], max_tokens: int) -> float:

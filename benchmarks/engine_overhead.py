@@ -26,6 +26,9 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _servers import wait_ready  # noqa: E402
 
 from mlxtrio.settings import EMBEDDED_MODEL_PATH  # noqa: E402
 
@@ -67,17 +70,8 @@ def server_decode_tps(model_path: str, tokens: int, runs: int, port: int) -> tup
     proc = subprocess.Popen(cmd, env=env)
     try:
         base = f"http://127.0.0.1:{port}"
+        wait_ready(base, "/health", proc)
         with httpx.Client(base_url=base, timeout=300) as client:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if client.get("/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("server did not become ready")
-                time.sleep(0.1)
             model = client.get("/v1/models").json()["data"][0]["id"]
             client_speeds, server_speeds = [], []
             for _ in range(runs + 1):

@@ -14,76 +14,90 @@ from prometheus_client.registry import Collector
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+# (name, help, kind, value) read live from each model's engine and admission lane.
+_LIVE: list[tuple[str, str, str, Callable[[Any, Any], float]]] = [
+    (
+        "mlxtrio_active_sequences",
+        "Sequences in the engine (prefill or decode)",
+        "gauge",
+        lambda e, lane: e.active_sequences,
+    ),
+    (
+        "mlxtrio_queued_requests",
+        "Requests waiting for an admission slot",
+        "gauge",
+        lambda e, lane: lane.waiting,
+    ),
+    (
+        "mlxtrio_generated_tokens",
+        "Tokens generated",
+        "counter",
+        lambda e, lane: e.stats.generated_tokens,
+    ),
+    (
+        "mlxtrio_prompt_tokens",
+        "Prompt tokens of started sequences",
+        "counter",
+        lambda e, lane: e.stats.prompt_tokens,
+    ),
+    ("mlxtrio_engine_steps", "Engine steps", "counter", lambda e, lane: e.stats.steps),
+    (
+        "mlxtrio_cancelled_sequences",
+        "Sequences cancelled before they finished",
+        "counter",
+        lambda e, lane: e.stats.cancelled,
+    ),
+    (
+        "mlxtrio_prefix_cache_hits",
+        "Requests that reused a cached prefix",
+        "counter",
+        lambda e, lane: e.prefix_index.stats.hits,
+    ),
+    (
+        "mlxtrio_prefix_cache_misses",
+        "Requests with no reusable prefix",
+        "counter",
+        lambda e, lane: e.prefix_index.stats.misses,
+    ),
+    (
+        "mlxtrio_prefix_cache_cached_tokens",
+        "Prompt tokens served from the prefix cache",
+        "counter",
+        lambda e, lane: e.prefix_index.stats.cached_tokens,
+    ),
+    (
+        "mlxtrio_prefix_cache_evictions",
+        "Snapshots evicted for the byte budget",
+        "counter",
+        lambda e, lane: e.prefix_index.stats.evictions,
+    ),
+    (
+        "mlxtrio_prefix_cache_bytes",
+        "Bytes of KV snapshots held",
+        "gauge",
+        lambda e, lane: e.prefix_index.nbytes,
+    ),
+    (
+        "mlxtrio_prefix_cache_entries",
+        "KV snapshots held",
+        "gauge",
+        lambda e, lane: len(e.prefix_index),
+    ),
+]
+
+
 class _LiveCollector(Collector):
     def __init__(self, sources: Callable[[], Iterable[tuple[str, Any, Any]]]) -> None:
         self._sources = sources  # -> (model, engine, lane)
 
     def collect(self) -> Iterator[Metric]:
-        active = GaugeMetricFamily(
-            "mlxtrio_active_sequences",
-            "Sequences in the engine (prefill or decode)",
-            labels=["model"],
-        )
-        queued = GaugeMetricFamily(
-            "mlxtrio_queued_requests", "Requests waiting for an admission slot", labels=["model"]
-        )
-        generated = CounterMetricFamily(
-            "mlxtrio_generated_tokens", "Tokens generated", labels=["model"]
-        )
-        prompt = CounterMetricFamily(
-            "mlxtrio_prompt_tokens", "Prompt tokens of started sequences", labels=["model"]
-        )
-        steps = CounterMetricFamily("mlxtrio_engine_steps", "Engine steps", labels=["model"])
-        cancelled = CounterMetricFamily(
-            "mlxtrio_cancelled_sequences",
-            "Sequences cancelled before they finished",
-            labels=["model"],
-        )
-        cache_hits = CounterMetricFamily(
-            "mlxtrio_prefix_cache_hits", "Requests that reused a cached prefix", labels=["model"]
-        )
-        cache_misses = CounterMetricFamily(
-            "mlxtrio_prefix_cache_misses", "Requests with no reusable prefix", labels=["model"]
-        )
-        cache_tokens = CounterMetricFamily(
-            "mlxtrio_prefix_cache_cached_tokens",
-            "Prompt tokens served from the prefix cache",
-            labels=["model"],
-        )
-        cache_evictions = CounterMetricFamily(
-            "mlxtrio_prefix_cache_evictions",
-            "Snapshots evicted for the byte budget",
-            labels=["model"],
-        )
-        cache_bytes = GaugeMetricFamily(
-            "mlxtrio_prefix_cache_bytes", "Bytes of KV snapshots held", labels=["model"]
-        )
-        cache_entries = GaugeMetricFamily(
-            "mlxtrio_prefix_cache_entries", "KV snapshots held", labels=["model"]
-        )
-        for model, engine, lane in self._sources():
-            index = engine.prefix_index
-            cache_hits.add_metric([model], index.stats.hits)
-            cache_misses.add_metric([model], index.stats.misses)
-            cache_tokens.add_metric([model], index.stats.cached_tokens)
-            cache_evictions.add_metric([model], index.stats.evictions)
-            cache_bytes.add_metric([model], index.nbytes)
-            cache_entries.add_metric([model], len(index))
-            active.add_metric([model], engine.active_sequences)
-            queued.add_metric([model], lane.waiting)
-            generated.add_metric([model], engine.stats.generated_tokens)
-            prompt.add_metric([model], engine.stats.prompt_tokens)
-            steps.add_metric([model], engine.stats.steps)
-            cancelled.add_metric([model], engine.stats.cancelled)
-        yield from (active, queued, generated, prompt, steps, cancelled)
-        yield from (
-            cache_hits,
-            cache_misses,
-            cache_tokens,
-            cache_evictions,
-            cache_bytes,
-            cache_entries,
-        )
+        sources = list(self._sources())
+        for name, doc, kind, value in _LIVE:
+            family_type = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+            family = family_type(name, doc, labels=["model"])
+            for model, engine, lane in sources:
+                family.add_metric([model], value(engine, lane))
+            yield family
 
 
 class Metrics:

@@ -6,12 +6,15 @@ any stream byte; errors use the Anthropic envelope (the path decides).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from functools import partial
+
 from quart import Blueprint, Response, jsonify
 
-from ..admission import Ticket
 from ..chat.from_anthropic import MessagesRequest, parse_request
 from ..chat.prompt import RenderedPrompt
 from ..chat.tool_order import ANTHROPIC, ToolOrderError, validate_tool_order
+from ..chat.turn import OnSegment, TurnResult
 from ..engine.engine import Engine
 from ..engine.types import SamplingParams
 from ..http.errors import ApiError, invalid_request, unavailable
@@ -31,6 +34,9 @@ from .generation import (
 from .messages_events import MessageAssembler
 
 blueprint = Blueprint("messages", __name__)
+
+# generate() with everything but the segment callback bound.
+Run = Callable[[OnSegment], Awaitable[TurnResult]]
 
 
 async def _prepare(require_max_tokens: bool) -> tuple[MessagesRequest, Engine, RenderedPrompt]:
@@ -57,19 +63,20 @@ async def create_message() -> Response:
     cache = lookup(engine, prompt)
     ticket = reserve(engine)
     message = MessageObject(model=request.model)
-    if request.stream:
-        return _stream(request, engine, ticket, prompt, sampling, message, cache)
-    assembler = MessageAssembler(message)
-    result = await generate(
+    run: Run = partial(
+        generate,
         engine,
         ticket,
         prompt,
         sampling,
         request.conversation,
-        assembler.on_segment,
-        cache,
-        request.stop_sequences,
+        cache=cache,
+        stop_sequences=request.stop_sequences,
     )
+    if request.stream:
+        return _stream(run, prompt, message, cache)
+    assembler = MessageAssembler(message)
+    result = await run(assembler.on_segment)
     if result.finish_reason == "cancelled":
         raise unavailable(SHUTDOWN_MESSAGE)
     await assembler.finish(result)
@@ -79,13 +86,7 @@ async def create_message() -> Response:
 
 
 def _stream(
-    request: MessagesRequest,
-    engine: Engine,
-    ticket: Ticket,
-    prompt: RenderedPrompt,
-    sampling: SamplingParams,
-    message: MessageObject,
-    cache: CacheLookup,
+    run: Run, prompt: RenderedPrompt, message: MessageObject, cache: CacheLookup
 ) -> Response:
     settings = services().settings
 
@@ -93,16 +94,7 @@ def _stream(
         assembler = MessageAssembler(message, sink.send)
         await assembler.start(len(prompt.tokens), cached_tokens=cache.cached_tokens)
         try:
-            result = await generate(
-                engine,
-                ticket,
-                prompt,
-                sampling,
-                request.conversation,
-                assembler.on_segment,
-                cache,
-                request.stop_sequences,
-            )
+            result = await run(assembler.on_segment)
         except ApiError as exc:
             await assembler.fail(exc.message)
             return

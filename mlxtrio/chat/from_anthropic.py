@@ -13,8 +13,8 @@ from typing import Any
 
 from ..http.errors import invalid_request
 from .conversation import Conversation, Message, ToolCall, ToolSpec
+from .fields import MAX_INT32, is_int, number_in
 
-MAX_INT32 = 2147483647
 BILLING_HEADER_PREFIX = "x-anthropic-billing-header"
 IMAGE_PLACEHOLDER = "[image omitted: this model reads text only]"
 
@@ -34,21 +34,6 @@ class MessagesRequest:
     conversation: Conversation = field(default_factory=lambda: Conversation([]))
 
 
-def _is_int(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-
-
-def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise invalid_request(f"{name}: must be a number between {low:g} and {high:g}")
-    return float(value)
-
-
 def parse_request(body: Any, *, require_max_tokens: bool = True) -> MessagesRequest:
     if not isinstance(body, dict):
         raise invalid_request("Request body must be a JSON object")
@@ -62,12 +47,12 @@ def parse_request(body: Any, *, require_max_tokens: bool = True) -> MessagesRequ
     if max_tokens is None:
         if require_max_tokens:
             raise invalid_request("Missing required field: max_tokens")
-    elif not (_is_int(max_tokens) and 1 <= max_tokens <= MAX_INT32):
+    elif not (is_int(max_tokens) and 1 <= max_tokens <= MAX_INT32):
         raise invalid_request(f'Field "max_tokens" must be an integer between 1 and {MAX_INT32}')
     if any(not isinstance(m, dict) for m in messages):
         raise invalid_request("Each message must be a non-null object")
     top_k = body.get("top_k")
-    if top_k is not None and not (_is_int(top_k) and top_k >= 0):
+    if top_k is not None and not (is_int(top_k) and top_k >= 0):
         raise invalid_request("top_k: must be a non-negative integer")
     thinking, budget = _thinking(body.get("thinking"))
     request = MessagesRequest(
@@ -75,8 +60,8 @@ def parse_request(body: Any, *, require_max_tokens: bool = True) -> MessagesRequ
         model=model,
         stream=body.get("stream") is True,
         max_tokens=int(max_tokens) if max_tokens is not None else None,
-        temperature=_number(body, "temperature", 0, 1),
-        top_p=_number(body, "top_p", 0, 1),
+        temperature=number_in(body, "temperature", 0, 1),
+        top_p=number_in(body, "top_p", 0, 1),
         top_k=int(top_k) if top_k is not None else None,
         stop_sequences=_stop_sequences(body.get("stop_sequences")),
         thinking=thinking,
@@ -102,7 +87,7 @@ def _thinking(value: Any) -> tuple[bool, int | None]:
         budget = value.get("budget_tokens")
         if budget is None:
             return True, None
-        if not (_is_int(budget) and budget >= 1):
+        if not (is_int(budget) and budget >= 1):
             raise invalid_request("thinking.budget_tokens: must be a positive integer")
         return True, int(budget)
     raise invalid_request(

@@ -13,8 +13,7 @@ from typing import Any
 
 from ..http.errors import invalid_request
 from .conversation import Conversation, Message, ToolCall, ToolSpec
-
-MAX_INT32 = 2147483647
+from .fields import MAX_INT32, is_int, number_in
 
 
 @dataclass
@@ -64,23 +63,6 @@ class ResponsesRequest:
         return self.reasoning is not None and effort not in ("none", "minimal")
 
 
-def _is_int(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return True
-    return isinstance(value, float) and value.is_integer()
-
-
-def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise invalid_request(f'Field "{name}" must be a number between {low:g} and {high:g}', name)
-    return float(value)
-
-
 def parse_request(body: Any) -> ResponsesRequest:
     if not isinstance(body, dict):
         raise invalid_request("Request body must be a JSON object", "body")
@@ -92,7 +74,7 @@ def parse_request(body: Any) -> ResponsesRequest:
     if not isinstance(body["input"], str | list):
         raise invalid_request('Field "input" must be a string or an array', "input")
     max_out = body.get("max_output_tokens")
-    if max_out is not None and not (_is_int(max_out) and 1 <= max_out <= MAX_INT32):
+    if max_out is not None and not (is_int(max_out) and 1 <= max_out <= MAX_INT32):
         raise invalid_request(
             f'Field "max_output_tokens" must be an integer between 1 and {MAX_INT32}',
             "max_output_tokens",
@@ -100,7 +82,7 @@ def parse_request(body: Any) -> ResponsesRequest:
     metadata = body.get("metadata")
     if isinstance(metadata, dict) and metadata.get("retention_seconds") is not None:
         value = metadata["retention_seconds"]
-        if not (_is_int(value) and 60 <= value <= 7776000):
+        if not (is_int(value) and 60 <= value <= 7776000):
             raise invalid_request(
                 "metadata.retention_seconds must be an integer in [60, 7776000]",
                 "metadata.retention_seconds",
@@ -119,8 +101,8 @@ def parse_request(body: Any) -> ResponsesRequest:
         model=model,
         stream=body.get("stream") is True,
         max_output_tokens=int(max_out) if max_out is not None else None,
-        temperature=_number(body, "temperature", 0, 2),
-        top_p=_number(body, "top_p", 0, 1),
+        temperature=number_in(body, "temperature", 0, 2, "temperature"),
+        top_p=number_in(body, "top_p", 0, 1, "top_p"),
         instructions=instructions if isinstance(instructions, str) else None,
         reasoning=reasoning if isinstance(reasoning, dict) else None,
         tools=[t for t in tools if isinstance(t, dict)],
