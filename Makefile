@@ -22,6 +22,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check mlxtrio tests benchmarks tools
 	$(BIN)/ruff format --check mlxtrio tests benchmarks tools
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff format mlxtrio tests benchmarks tools

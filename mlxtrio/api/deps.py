@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import trio
 from quart import current_app, request
@@ -24,13 +24,13 @@ def services() -> Services:
 def request_nursery() -> trio.Nursery:
     """A nursery that lives as long as this request's connection handling: it is
     cancelled when the response has been sent or the client went away."""
-    return cast(trio.Nursery, request.scope[NURSERY_KEY])
+    return cast(trio.Nursery, cast(dict[str, Any], request.scope)[NURSERY_KEY])
 
 
 def on_request_end(callback: Callable[[], None]) -> None:
     """Run ``callback`` when the request ends, however it ends (even if a
     streaming body was never started)."""
-    request.scope[CLEANUP_KEY].append(callback)
+    cast(dict[str, Any], request.scope)[CLEANUP_KEY].append(callback)
 
 
 def resolve_engine(model: str) -> Engine:

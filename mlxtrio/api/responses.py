@@ -25,6 +25,7 @@ from quart import Blueprint, Response, jsonify
 from ..admission import Ticket
 from ..chat.chain import check_delta, drop_echoed_calls, outstanding_calls, reconstruct
 from ..chat.conversation import Conversation, Message
+from ..chat.fields import dict_field
 from ..chat.from_responses import ResponsesRequest, map_items, offered_tools, parse_request
 from ..chat.prompt import RenderedPrompt
 from ..chat.tool_order import OPENAI, ToolOrderError, validate_tool_order
@@ -152,7 +153,7 @@ async def _load_chain(response_id: str) -> list[StoredResponse]:
 
 def initial_response(turn: Turn) -> ResponseObject:
     request, body = turn.request, turn.request.body
-    text = body.get("text") if isinstance(body.get("text"), dict) else {}
+    text = dict_field(body, "text")
     return ResponseObject(
         model=request.model,
         instructions=turn.instructions,
@@ -166,7 +167,7 @@ def initial_response(turn: Turn) -> ResponseObject:
         reasoning={"effort": None, "summary": None, **(request.reasoning or {})},
         text=TextConfig(**{"verbosity": "medium", **text}),
         store=request.store and services().store is not None,
-        metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
+        metadata=dict_field(body, "metadata"),
         prompt_cache_key=body.get("prompt_cache_key")
         if isinstance(body.get("prompt_cache_key"), str)
         else None,

@@ -28,3 +28,15 @@ def number_in(
             f'Field "{name}" must be a number between {low:g} and {high:g}', param
         )
     return float(value)
+
+
+def dict_field(body: dict[str, Any], name: str) -> dict[str, Any]:
+    """``body[name]`` if it is an object, else ``{}`` (tolerant reads)."""
+    value = body.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def list_field(body: dict[str, Any], name: str) -> list[Any]:
+    """``body[name]`` if it is an array, else ``[]`` (tolerant reads)."""
+    value = body.get(name)
+    return value if isinstance(value, list) else []

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..http.errors import invalid_request
 from .conversation import Conversation, Message, ToolCall, ToolSpec
-from .fields import MAX_INT32, is_int, number_in
+from .fields import MAX_INT32, dict_field, is_int, list_field, number_in
 
 
 @dataclass
@@ -93,7 +93,7 @@ def parse_request(body: Any) -> ResponsesRequest:
     _check_text_format(body.get("text"))
     instructions = body.get("instructions")
     reasoning = body.get("reasoning")
-    include = body.get("include") if isinstance(body.get("include"), list) else []
+    include = list_field(body, "include")
     previous = body.get("previous_response_id")
     retention = metadata.get("retention_seconds") if isinstance(metadata, dict) else None
     return ResponsesRequest(
@@ -163,7 +163,7 @@ def _custom_tool_spec(tool: dict[str, Any]) -> ToolSpec:
     """A freeform tool (Codex's ``apply_patch``) offered as a function with one
     string argument, ``input``, that carries the raw text."""
     description = (tool.get("description") or "").strip()
-    fmt = tool.get("format") if isinstance(tool.get("format"), dict) else {}
+    fmt = dict_field(tool, "format")
     if fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str):
         description += (
             f"\nThe input must follow this {fmt.get('syntax', '')} grammar:\n{fmt['definition']}"

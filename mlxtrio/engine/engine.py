@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -255,7 +255,9 @@ class Engine:
 
         log.info("loading model %s from %s", self.name, self.path)
         started = time.perf_counter()
-        model, tokenizer, config = load(self.path, return_config=True)
+        model, tokenizer, config = cast(
+            tuple[Any, Any, dict[str, Any]], load(self.path, return_config=True)
+        )
         self.tokenizer, self.config = tokenizer, config
         gen = BatchGenerator(
             model,
@@ -327,7 +329,7 @@ class Engine:
         eos = [(t,) for t in self.tokenizer.eos_token_ids]
         stops = StopSequences(eos + [(t,) for t in params.stop_token_ids])
         processors = []
-        end_tokens = getattr(self.tokenizer, "think_end_tokens", None) or ()
+        end_tokens: tuple[int, ...] = tuple(getattr(self.tokenizer, "think_end_tokens", None) or ())
         if params.reasoning_budget is not None and len(end_tokens) == 1:
             processors.append(reasoning_budget_processor(params.reasoning_budget, end_tokens[0]))
         cache, reused = self._cache_for(handle)

@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import trio
-from sqlalchemy import Engine, create_engine, delete, event, select
+from sqlalchemy import CursorResult, Engine, create_engine, delete, event, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -212,7 +212,7 @@ class ResponseStore:
         def remove() -> bool:
             with self._session() as session, session.begin():
                 result = session.execute(delete(ResponseRow).where(ResponseRow.id == response_id))
-                return bool(result.rowcount)
+                return bool(cast(CursorResult[Any], result).rowcount)
 
         return await self._run(remove)
 
@@ -224,7 +224,7 @@ class ResponseStore:
                 result = session.execute(
                     delete(ResponseRow).where(ResponseRow.expires_at <= (now or int(time.time())))
                 )
-                return int(result.rowcount or 0)
+                return int(cast(CursorResult[Any], result).rowcount or 0)
 
         return await self._run(remove)
 
