@@ -2,6 +2,10 @@
 
     python benchmarks/engine_overhead.py [--model PATH] [--tokens 512] [--runs 3]
 
+By default both sides run a random-weights copy of the embedded model (same
+architecture and tokenizer), which never stops early, so every run decodes
+exactly ``--tokens`` tokens.
+
 1. Raw: ``mlx_lm.stream_generate`` in this process, decode tokens/s.
 2. Server: ``mlxtrio serve`` in a subprocess, one streaming ``/v1/responses``
    request at a time over HTTP; tokens/s measured by the client from the first to
@@ -19,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,9 +35,25 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _servers import wait_ready  # noqa: E402
 
-from mlxtrio.settings import EMBEDDED_MODEL_PATH  # noqa: E402
-
 PROMPT = "Write a long story about a server that never loses a response."
+
+
+def random_weights_model() -> str:
+    """The embedded model's architecture and tokenizer with seeded random weights."""
+    out = Path(tempfile.mkdtemp(prefix="mlxtrio-bench-")) / "random-tiny"
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "build_embedded_model.py"),
+            "--seed",
+            "0",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return str(out)
 
 
 def raw_decode_tps(model_path: str, tokens: int, runs: int) -> float:
@@ -65,8 +86,7 @@ def server_decode_tps(model_path: str, tokens: int, runs: int, port: int) -> tup
         "--max-output-tokens",
         str(tokens),
     ]
-    if model_path != str(EMBEDDED_MODEL_PATH):
-        cmd += ["--model", model_path, "--model-name", "bench"]
+    cmd += ["--model", model_path, "--model-name", "bench"]
     proc = subprocess.Popen(cmd, env=env)
     try:
         base = f"http://127.0.0.1:{port}"
@@ -109,11 +129,18 @@ def server_decode_tps(model_path: str, tokens: int, runs: int, port: int) -> tup
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(EMBEDDED_MODEL_PATH))
+    parser.add_argument(
+        "--model",
+        default="random",
+        help="model path; default: a random-weights copy of the embedded model, which never "
+        "stops early, so every run decodes exactly --tokens tokens",
+    )
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--port", type=int, default=18431)
     args = parser.parse_args()
+    if args.model == "random":
+        args.model = random_weights_model()
 
     raw = raw_decode_tps(args.model, args.tokens, args.runs)
     client_tps, server_tps = server_decode_tps(args.model, args.tokens, args.runs, args.port)

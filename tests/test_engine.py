@@ -86,10 +86,10 @@ async def test_greedy_is_deterministic_alone_and_batched() -> None:
         await engine.stop(1)
 
 
-async def test_cancel_before_insertion_delivers_cancelled() -> None:
-    engine = await started_engine()
+async def test_cancel_before_insertion_delivers_cancelled(scripted_model_path: str) -> None:
+    engine = await started_engine(scripted_model_path)
     try:
-        handle = engine.submit(prompt_for(engine), SamplingParams(max_tokens=1000))
+        handle = engine.submit(prompt_for(engine, "LOOP"), SamplingParams(max_tokens=1000))
         handle.cancel()
         events = [event async for event in handle]
         assert events[-1].finish_reason == "cancelled"
@@ -98,9 +98,9 @@ async def test_cancel_before_insertion_delivers_cancelled() -> None:
         await engine.stop(1)
 
 
-async def test_stop_cancels_in_flight_work_and_joins_the_thread() -> None:
-    engine = await started_engine()
-    handle = engine.submit(prompt_for(engine), SamplingParams(max_tokens=100_000))
+async def test_stop_cancels_in_flight_work_and_joins_the_thread(scripted_model_path: str) -> None:
+    engine = await started_engine(scripted_model_path)
+    handle = engine.submit(prompt_for(engine, "LOOP"), SamplingParams(max_tokens=100_000))
     await engine.stop(0.2)
     assert engine.state is EngineState.STOPPED
     assert not any(t.name == "mlxtrio-engine-t" for t in threading.enumerate())

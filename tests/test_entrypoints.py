@@ -33,7 +33,9 @@ async def test_asyncio_worker_refuses_with_one_clear_line() -> None:
     assert "Traceback" not in err
 
 
-async def test_mlxtrio_serve_cli_serves_and_shuts_down_gracefully(nursery: trio.Nursery) -> None:
+async def test_mlxtrio_serve_cli_serves_and_shuts_down_gracefully(
+    nursery: trio.Nursery, scripted_model_path: str
+) -> None:
     port = 18765
     proc = await nursery.start(
         lambda task_status: trio.run_process(
@@ -46,6 +48,10 @@ async def test_mlxtrio_serve_cli_serves_and_shuts_down_gracefully(nursery: trio.
                 "warning",
                 "--shutdown-grace",
                 "0.5",
+                "--model",
+                scripted_model_path,
+                "--model-name",
+                "scripted",
             ],
             check=False,
             task_status=task_status,
@@ -63,11 +69,11 @@ async def test_mlxtrio_serve_cli_serves_and_shuts_down_gracefully(nursery: trio.
                     pass
                 await trio.sleep(0.1)
         r = await client.post(
-            "/v1/responses", json={"model": "mlxtrio-tiny", "input": "hi", "max_output_tokens": 4}
+            "/v1/responses", json={"model": "scripted", "input": "hi", "max_output_tokens": 4}
         )
         assert r.status_code == 200
         # A long stream in flight at shutdown still gets its terminal event.
-        body = {"model": "mlxtrio-tiny", "input": "hi", "stream": True, "max_output_tokens": 30000}
+        body = {"model": "scripted", "input": "LOOP", "stream": True, "max_output_tokens": 30000}
         async with client.stream("POST", "/v1/responses", json=body) as stream:
             lines = stream.aiter_lines()
             async for line in lines:
