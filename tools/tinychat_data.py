@@ -652,33 +652,10 @@ class OfferedTool:
     spec: dict[str, Any]
 
 
-NAME_VERBS = ["get", "fetch", "lookup", "check", "query", "read", "find", "run", "do", "make", "load",
-              "show", "call", "use", "ask", "pull", "scan", "probe", "grab", "list", "open", "send"]
-NAME_NOUNS = ["data", "info", "tool", "thing", "item", "record", "value", "status", "entry", "report",
-              "result", "stuff", "node", "unit", "slot", "card", "note", "page", "box", "feed", "link"]
-PARAM_WORDS = ["arg", "value", "target", "input", "name", "key", "spec", "item", "what", "subject",
-               "param", "term", "source", "field", "entry", "x", "s", "v1", "ref", "label"]
-
-
-def _random_name(rng: random.Random) -> str:
-    """A fresh tool name: the model can only get it right by copying it."""
-    verb, noun = rng.choice(NAME_VERBS), rng.choice(NAME_NOUNS)
-    style = rng.randrange(4)
-    name = {0: f"{verb}_{noun}", 1: f"{verb}{noun.capitalize()}", 2: f"{verb.capitalize()}{noun.capitalize()}", 3: f"{noun}_{verb}"}[style]
-    if rng.random() < 0.3:
-        name += rng.choice(["_v2", "2", "_tool", "_fn", str(rng.randint(1, 99))])
-    return name
-
-
 def _offer(rng: random.Random, family: Family, split: str, taken: set[str]) -> OfferedTool:
     pool = family.train_names if split == "train" else family.eval_names
-    if split == "train" and rng.random() < 0.7:
-        name = _random_name(rng)
-    else:
-        name = rng.choice([n for n in pool if n not in taken] or pool)
+    name = rng.choice([n for n in pool if n not in taken] or pool)
     params = [rng.choice(options) for options in family.params]
-    if split == "train" and rng.random() < 0.4:  # parameter names must be read too
-        params = [rng.choice(PARAM_WORDS) + ("" if i == 0 else str(i)) for i in range(len(params))]
     props: dict[str, Any] = {
         p: {"type": "string", "description": d}
         for p, d in zip(params, family.param_descriptions, strict=True)
