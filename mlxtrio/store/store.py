@@ -26,7 +26,7 @@ from sqlalchemy import CursorResult, Engine, create_engine, delete, event, selec
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from .schema import ResponseRow
+from .schema import Base, ResponseRow
 
 log = logging.getLogger("mlxtrio.store")
 
@@ -132,6 +132,7 @@ class ResponseStore:
         config.set_main_option("script_location", str(MIGRATIONS))
         with engine.begin() as connection:
             config.attributes["connection"] = connection
+            config.attributes["target_metadata"] = Base.metadata
             command.upgrade(config, "head")
         self._engine = engine
         log.info("response store ready: %s", engine.url.render_as_string(hide_password=True))

@@ -1,10 +1,13 @@
-"""Alembic environment: runs on the connection the store hands over."""
+"""Alembic environment: runs on the connection and metadata the store hands over
+(``ResponseStore.open`` sets both in the config's attributes)."""
 
 from alembic import context
 
-from mlxtrio.store.schema import Base
-
-connection = context.config.attributes["connection"]
-context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
+attributes = context.config.attributes
+context.configure(
+    connection=attributes["connection"],
+    target_metadata=attributes["target_metadata"],
+    render_as_batch=True,
+)
 with context.begin_transaction():
     context.run_migrations()
