@@ -17,7 +17,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -53,34 +53,21 @@ class StoredResponse:
     input_items: list[dict[str, Any]]
     response: dict[str, Any]
 
+    # Fields stored as JSON text; every other field maps to its column as is.
+    JSON_FIELDS = ("input_messages", "input_items", "response")
+
     def to_row(self) -> ResponseRow:
-        return ResponseRow(
-            id=self.id,
-            previous_response_id=self.previous_response_id,
-            created_at=self.created_at,
-            expires_at=self.expires_at,
-            model=self.model,
-            status=self.status,
-            instructions=self.instructions,
-            input_messages=json.dumps(self.input_messages, ensure_ascii=False),
-            input_items=json.dumps(self.input_items, ensure_ascii=False),
-            response=json.dumps(self.response, ensure_ascii=False),
-        )
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in self.JSON_FIELDS:
+            values[name] = json.dumps(values[name], ensure_ascii=False)
+        return ResponseRow(**values)
 
     @classmethod
     def from_row(cls, row: ResponseRow) -> StoredResponse:
-        return cls(
-            id=row.id,
-            previous_response_id=row.previous_response_id,
-            created_at=row.created_at,
-            expires_at=row.expires_at,
-            model=row.model,
-            status=row.status,
-            instructions=row.instructions,
-            input_messages=json.loads(row.input_messages),
-            input_items=json.loads(row.input_items),
-            response=json.loads(row.response),
-        )
+        values = {f.name: getattr(row, f.name) for f in fields(cls)}
+        for name in cls.JSON_FIELDS:
+            values[name] = json.loads(values[name])
+        return cls(**values)
 
 
 def normalize_url(url: str) -> str:
