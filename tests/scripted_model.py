@@ -111,7 +111,10 @@ def build(out: Path) -> Path:
     # History renders an assistant turn with the selector its generation prompt
     # ended with (for the content-only scripts), so multi-turn prompts are
     # prefix-stable like the embedded template's.
-    think = "{{- '<think>\\n' + (message.reasoning_content or '') + '\\n</think>\\n\\n' -}}"
+    think = (
+        "{{- '<think>\\n' + (message.reasoning_content or message.reasoning or '')"
+        " + '\\n</think>\\n\\n' -}}"
+    )
     assert think in template, "embedded template changed; update the scripted model"
     reselect = (
         "{%- if not message.tool_calls and message.content == 'Hello world.' -%}{{- '<|s_plain|>' -}}"

@@ -170,3 +170,36 @@ async def test_messages_round_trip_answers_with_text(server: Server) -> None:
         )
     assert reply.stop_reason == "end_turn"
     assert reply.content[-1].type == "text" and reply.content[-1].text.strip()
+
+
+async def test_required_tool_choice_forces_a_call_on_a_plain_request(server: Server) -> None:
+    async with oai(server) as client:
+        response = await client.responses.create(
+            model=MODEL,
+            input="Hello there!",
+            tools=[FORECAST, RUN],
+            tool_choice="required",
+            max_output_tokens=256,
+        )
+    # a plain greeting: without the requirement the model answers in text
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert calls, response.output
+    assert isinstance(json.loads(calls[0].arguments), dict)  # which tool: see the docstring
+
+
+async def test_named_tool_choice_calls_that_tool_after_thinking(server: Server) -> None:
+    async with claude(server) as client:
+        reply = await client.messages.create(
+            model="claude-sonnet-4-5",
+            max_tokens=256,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            tools=ANTHROPIC_TOOLS,
+            tool_choice={"type": "tool", "name": "terminal_exec"},
+            messages=[{"role": "user", "content": "What's the weather in Oslo?"}],
+        )
+    kinds = [block.type for block in reply.content]
+    assert kinds[0] == "thinking"
+    tool_uses = [block for block in reply.content if block.type == "tool_use"]
+    assert [block.name for block in tool_uses] == ["terminal_exec"]
+    assert isinstance(tool_uses[0].input, dict)
+    assert reply.stop_reason == "tool_use"

@@ -149,3 +149,23 @@ async def test_non_streaming_matches_streaming_output(scripted: Server) -> None:
     assert [item["type"] for item in body["output"]] == ["reasoning", "message"]
     assert body["output"][1]["status"] == "completed"
     assert body["completed_at"] is not None
+
+
+async def test_required_tool_choice_opens_a_call_the_model_would_not_make(
+    scripted: Server,
+) -> None:
+    """The "LOOP" script babbles until the cap; a required tool choice forces the
+    tool-call marker first, after which the scripted model finishes a real call."""
+    body = {"input": "LOOP", "tools": [WEATHER_TOOL], "max_output_tokens": 40}
+    async with scripted.client() as client:
+        free = (await client.post("/v1/responses", json={"model": SCRIPTED, **body})).json()
+        forced = (
+            await client.post(
+                "/v1/responses", json={"model": SCRIPTED, "tool_choice": "required", **body}
+            )
+        ).json()
+    assert free["status"] == "incomplete"
+    assert [i["type"] for i in free["output"]] == ["message"]
+    assert forced["status"] == "completed"
+    assert [(i["type"], i["name"]) for i in forced["output"]] == [("function_call", "get_weather")]
+    assert json.loads(forced["output"][0]["arguments"]) == {"city": "Paris"}

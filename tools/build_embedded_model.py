@@ -57,7 +57,10 @@ CONFIG = {
 #   their reasoning, nothing depends on "is this the last message", and every
 #   assistant turn renders its think block - empty ones too - exactly as the
 #   generation prompt plus the model's output had it;
-# * tools are listed as JSON in the system turn, tool calls are rendered as
+# * tools are listed as JSON in the system turn;
+# * tool calls (OpenAI ``{function: {...}}`` or flat, arguments as an object or
+#   a JSON string) are rendered as (mlx-lm recognises the format by the literal
+#   ``tool_call.name`` in the template)
 #   <tool_call>{"name": ..., "arguments": {...}}</tool_call>;
 # * `enable_thinking` opens a <think> block in the generation prompt, otherwise an
 #   empty one is closed straight away.
@@ -77,11 +80,14 @@ CHAT_TEMPLATE = (
     "{%- for message in messages[ns.start:] -%}"
     "{%- if message.role == 'assistant' -%}"
     "{{- '<|im_start|>assistant\\n' -}}"
-    "{{- '<think>\\n' + (message.reasoning_content or '') + '\\n</think>\\n\\n' -}}"
+    "{{- '<think>\\n' + (message.reasoning_content or message.reasoning or '') + '\\n</think>\\n\\n' -}}"
     "{{- message.content or '' -}}"
     "{%- for tool_call in message.tool_calls or [] -%}"
+    "{%- if tool_call.function is defined -%}{%- set tool_call = tool_call.function -%}{%- endif -%}"
     '{{- \'<tool_call>{"name": "\' + tool_call.name + \'", "arguments": \' -}}'
-    "{{- tool_call.arguments | tojson -}}{{- '}</tool_call>' -}}"
+    "{%- if tool_call.arguments is string -%}{{- tool_call.arguments -}}"
+    "{%- else -%}{{- tool_call.arguments | tojson -}}{%- endif -%}"
+    "{{- '}</tool_call>' -}}"
     "{%- endfor -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- elif message.role == 'tool' -%}"

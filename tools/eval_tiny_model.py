@@ -127,7 +127,7 @@ def main() -> None:
     elapsed = time.monotonic() - started
 
     eos = sum(reason == "stop" for _, reason in outputs)
-    tool_samples = valid = correct = complete = 0
+    tool_samples = valid = correct = complete = exact = 0
     thinking_samples = well_formed = 0
     examples: dict[str, str] = {}
     for sample, (ids, _reason) in zip(samples, outputs, strict=True):
@@ -149,6 +149,8 @@ def main() -> None:
                 )
             ):
                 complete += 1
+            if [json.loads(c.arguments) for c in calls] == sample.arguments:
+                exact += 1
         if sample.thinking:
             thinking_samples += 1
             if reasoning.strip() and "</think>" in text and (answer.strip() or calls):
@@ -165,6 +167,7 @@ def main() -> None:
     print(f"valid tool-call JSON:        {pct(valid, tool_samples)}   target >= 95 %")
     print(f"correct offered tool:        {pct(correct, tool_samples)}   target >= 90 %")
     print(f"required arguments present:  {pct(complete, tool_samples)}")
+    print(f"argument values exact:       {pct(exact, tool_samples)}")
     print(f"well-formed reasoning:       {pct(well_formed, thinking_samples)}   target >= 95 %")
     for size in (4096, 20000) if args.long else ():
         long_prompts = long_prompt_samples(

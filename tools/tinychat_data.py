@@ -188,6 +188,195 @@ CONDITIONS = ["sunny", "cloudy", "rainy", "windy", "snowy", "foggy", "clear", "s
 WORDS = ["apple", "river", "stone", "cloud", "garden", "music", "window", "paper", "light", "ocean"]
 
 
+# Training draws most tool names, many parameter names and many argument values
+# from these open-ended pools, fresh per sample, so the only way to get a call
+# right is to copy from the prompt (the offered tools, the user's words).
+NAME_VERBS = [
+    "get",
+    "fetch",
+    "find",
+    "show",
+    "load",
+    "make",
+    "run",
+    "do",
+    "check",
+    "query",
+    "pull",
+    "grab",
+    "scan",
+    "probe",
+    "ask",
+    "use",
+    "take",
+    "seek",
+    "view",
+    "send",
+    "put",
+    "call",
+]
+NAME_NOUNS = [
+    "otter",
+    "lamp",
+    "river",
+    "stone",
+    "tiger",
+    "maple",
+    "piano",
+    "rocket",
+    "pebble",
+    "falcon",
+    "cactus",
+    "harbor",
+    "lantern",
+    "walnut",
+    "comet",
+    "meadow",
+    "copper",
+    "violet",
+    "ember",
+    "quartz",
+    "badger",
+    "willow",
+    "canyon",
+    "garnet",
+    "nimbus",
+    "zephyr",
+    "tundra",
+    "orbit",
+    "pixel",
+    "widget",
+    "gadget",
+    "beacon",
+    "anchor",
+    "prism",
+    "vertex",
+    "kettle",
+    "saddle",
+    "cobalt",
+    "amber",
+    "helper",
+    "tool",
+    "info",
+    "data",
+    "item",
+    "task",
+    "job",
+    "thing",
+    "util",
+    "agent",
+    "node",
+    "hub",
+    "box",
+    "kit",
+    "bot",
+    "box",
+    "gate",
+    "link",
+]
+PARAM_WORDS = [
+    "input",
+    "value",
+    "target",
+    "arg",
+    "subject",
+    "item",
+    "key",
+    "spec",
+    "payload",
+    "what",
+    "where",
+    "name",
+    "source",
+    "term",
+    "entry",
+    "param",
+    "field",
+    "object",
+    "ref",
+    "hint",
+]
+SYLLABLES = [
+    "ka",
+    "lo",
+    "mi",
+    "ran",
+    "to",
+    "vel",
+    "sor",
+    "dan",
+    "bri",
+    "que",
+    "mon",
+    "tar",
+    "lin",
+    "pe",
+    "zu",
+    "ho",
+    "ra",
+    "ven",
+    "gal",
+    "nor",
+    "bel",
+    "cas",
+    "dor",
+    "fen",
+    "mar",
+    "sil",
+]
+
+
+def _novel_name(rng: random.Random) -> str:
+    verb, noun, other = rng.choice(NAME_VERBS), rng.choice(NAME_NOUNS), rng.choice(NAME_NOUNS)
+    style = rng.randrange(8)
+    if style == 0:
+        return f"{verb}_{noun}"
+    if style == 1:
+        return f"{noun}_{other}"
+    if style == 2:
+        return verb + noun.capitalize()
+    if style == 3:
+        return noun.capitalize() + other.capitalize()
+    if style == 4:
+        return f"mcp__{noun}__{verb}_{other}"
+    if style == 5:
+        return noun
+    if style == 6:
+        return f"{noun}-{other}"
+    return f"{verb}_{noun}_{rng.randint(1, 9)}"
+
+
+def _place(rng: random.Random) -> str:
+    return "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3))).capitalize()
+
+
+NOVEL_VALUES: dict[str, Callable[[random.Random], list[str]]] = {
+    "weather": lambda rng: [_place(rng)],
+    "time": lambda rng: [_place(rng)],
+    "list_files": lambda rng: [
+        rng.choice(["src/", "lib/", "/home/", "./", ""]) + rng.choice(NAME_NOUNS)
+    ],
+    "read_file": lambda rng: [
+        rng.choice(NAME_NOUNS) + rng.choice([".py", ".txt", ".md", ".json", ".go", ".rs", ".toml"])
+    ],
+    "run_command": lambda rng: [
+        rng.choice(["make", "git", "npm run", "python", "cargo", "ls"])
+        + " "
+        + rng.choice(NAME_NOUNS)
+    ],
+    "search": lambda rng: [f"{rng.choice(NAME_NOUNS)} {rng.choice(NAME_NOUNS)}s"],
+    "send_email": lambda rng: [
+        f"{rng.choice(NAME_NOUNS)}@example.com",
+        f"the {rng.choice(NAME_NOUNS)} is ready",
+    ],
+    "calculator": lambda rng: [_expr(rng)[0]],
+    "write_file": lambda rng: [
+        rng.choice(NAME_NOUNS) + rng.choice([".txt", ".md", ".py"]),
+        rng.choice(NAME_NOUNS + WORDS),
+    ],
+}
+
+
 def _expr(rng: random.Random) -> tuple[str, str]:
     a, b = rng.randint(2, 99), rng.randint(2, 99)
     op = rng.choice(["+", "-", "*"])
@@ -652,10 +841,42 @@ class OfferedTool:
     spec: dict[str, Any]
 
 
-def _offer(rng: random.Random, family: Family, split: str, taken: set[str]) -> OfferedTool:
-    pool = family.train_names if split == "train" else family.eval_names
-    name = rng.choice([n for n in pool if n not in taken] or pool)
-    params = [rng.choice(options) for options in family.params]
+EVAL_NAMES = {name for family in FAMILIES for name in family.eval_names}
+
+
+def _tool_name(
+    rng: random.Random, family: Family, split: str, taken: set[str], variety: bool
+) -> str:
+    if split == "eval" or not variety:
+        pool = family.train_names if split == "train" else family.eval_names
+        return rng.choice([n for n in pool if n not in taken] or pool)
+    while True:
+        name = rng.choice(family.train_names) if rng.random() < 0.2 else _novel_name(rng)
+        if name not in taken and name not in EVAL_NAMES:
+            return name
+
+
+def _param_name(
+    rng: random.Random, options: list[str], split: str, taken: list[str], variety: bool
+) -> str:
+    if not variety:
+        return rng.choice(options)
+    while True:
+        if split == "train" and rng.random() < 0.3:
+            name = rng.choice(PARAM_WORDS)
+        else:
+            name = rng.choice(options)
+        if name not in taken:
+            return name
+
+
+def _offer(
+    rng: random.Random, family: Family, split: str, taken: set[str], variety: bool
+) -> OfferedTool:
+    name = _tool_name(rng, family, split, taken, variety)
+    params: list[str] = []
+    for options in family.params:
+        params.append(_param_name(rng, options, split, params, variety))
     props: dict[str, Any] = {
         p: {"type": "string", "description": d}
         for p, d in zip(params, family.param_descriptions, strict=True)
@@ -694,9 +915,16 @@ class Sample:
     kind: str  # plain | tool | tool2 | after_tool
     expected_tools: list[str] = field(default_factory=list)  # tool names, for evaluation
     required: list[list[str]] = field(default_factory=list)  # required params per call
+    arguments: list[dict[str, Any]] = field(default_factory=list)  # expected, per call
 
 
-def make_sample(rng: random.Random, split: str = "train", long_ratio: float = 0.03) -> Sample:
+def make_sample(
+    rng: random.Random, split: str = "train", long_ratio: float = 0.03, variety: bool = False
+) -> Sample:
+    """One conversation and its completion. ``variety`` (training only) draws most
+    tool names, many parameter names and argument values fresh per sample and puts
+    the called tool anywhere in the list: copying from the prompt becomes the only
+    way to get a call right (an experiment; see the README)."""
     long = rng.random() < long_ratio
     thinking = rng.random() < 0.3
     messages: list[dict[str, Any]] = []
@@ -715,7 +943,7 @@ def make_sample(rng: random.Random, split: str = "train", long_ratio: float = 0.
     taken: set[str] = set()
     offered = []
     for family in families:
-        tool = _offer(rng, family, split, taken)
+        tool = _offer(rng, family, split, taken, variety)
         taken.add(tool.name)
         offered.append(tool)
     tools = [t.spec for t in offered]
@@ -729,10 +957,14 @@ def make_sample(rng: random.Random, split: str = "train", long_ratio: float = 0.
         reasoning = f"The user wants {want}. No tool is needed, so I will answer directly."
         return _finish(messages, tools or None, thinking, reasoning, answer, "plain", [], [])
 
-    chosen = [offered[0]]
-    if len(offered) > 1 and rng.random() < 0.2:
-        chosen.append(offered[1])
-    values = [c.family.values(rng) for c in chosen]
+    if variety:  # the called tool sits anywhere in the list, not first
+        chosen = rng.sample(offered, k=2 if len(offered) > 1 and rng.random() < 0.2 else 1)
+    else:
+        chosen = [offered[0]]
+        if len(offered) > 1 and rng.random() < 0.2:
+            chosen.append(offered[1])
+    novel = variety and split == "train" and rng.random() < 0.4
+    values = [(NOVEL_VALUES[c.family.key] if novel else c.family.values)(rng) for c in chosen]
     requests = [
         rng.choice(c.family.requests).format(*v) for c, v in zip(chosen, values, strict=True)
     ]
@@ -765,7 +997,7 @@ def make_sample(rng: random.Random, split: str = "train", long_ratio: float = 0.
         )
         reasoning = "The tool returned its result. I will tell the user what it says."
         return _finish(messages, tools, thinking, reasoning, answer, "after_tool", [], [])
-    return _finish(
+    sample = _finish(
         messages,
         tools,
         thinking,
@@ -775,6 +1007,8 @@ def make_sample(rng: random.Random, split: str = "train", long_ratio: float = 0.
         [c["name"] for c in calls],
         [c.params for c in chosen],
     )
+    sample.arguments = [c["arguments"] for c in calls]
+    return sample
 
 
 def _finish(messages, tools, thinking, reasoning, answer, kind, expected, required) -> Sample:
@@ -782,12 +1016,12 @@ def _finish(messages, tools, thinking, reasoning, answer, kind, expected, requir
     return Sample(messages, tools, thinking, completion, kind, expected, required)
 
 
-def corpus(seed: int, n: int) -> list[str]:
+def corpus(seed: int, n: int, variety: bool = False) -> list[str]:
     """Text for training the BPE tokenizer."""
     rng = random.Random(seed)
     texts = []
     for _ in range(n):
-        s = make_sample(rng, long_ratio=0.02)
+        s = make_sample(rng, long_ratio=0.02, variety=variety)
         texts.extend(m["content"] for m in s.messages if m.get("content"))
         texts.append(s.completion)
         if s.tools:

@@ -175,16 +175,27 @@ def batches(encoded: list[tuple[list[int], int]], tokens_per_batch: int, rng: ra
         yield from groups
 
 
-def collate(encoded, group) -> tuple[torch.Tensor, torch.Tensor]:
+def collate(
+    encoded, group, prompt_weight: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Padded ids, next-token targets and per-position loss weights.
+
+    The completion carries full weight, prompt tokens ``prompt_weight`` (0, the
+    default, trains on the completion only; a small weight also asks the model to
+    predict the prompt's own repetitions, e.g. parameter names in ``required``).
+    """
     n = max(len(encoded[i][0]) for i in group)
     ids = torch.zeros(len(group), n, dtype=torch.long)
-    targets = torch.full((len(group), n), -100, dtype=torch.long)
+    targets = torch.zeros((len(group), n), dtype=torch.long)
+    weights = torch.zeros((len(group), n), dtype=torch.float32)
     for row, i in enumerate(group):
         seq, start = encoded[i]
         ids[row, : len(seq)] = torch.tensor(seq)
-        # predict token t+1 from position t, only inside the completion
-        targets[row, start - 1 : len(seq) - 1] = torch.tensor(seq[start:])
-    return ids, targets
+        # predict token t+1 from position t
+        targets[row, : len(seq) - 1] = torch.tensor(seq[1:])
+        weights[row, : start - 1] = prompt_weight
+        weights[row, start - 1 : len(seq) - 1] = 1.0
+    return ids, targets, weights
 
 
 def main() -> None:
@@ -196,6 +207,19 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=4096)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--prompt-weight", type=float, default=0.0, help="loss weight of prompt tokens"
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="float32 compiled by Inductor (about 2x faster on a CPU than the default "
+        "bf16 autocast in eager mode; not what trained the shipped weights)",
+    )
+    parser.add_argument(
+        "--variety", action="store_true", help="fresh tool names and values per sample"
+    )
+    parser.add_argument("--long-ratio", type=float, default=0.03)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
 
@@ -205,7 +229,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     started = time.monotonic()
-    build.build_tokenizer(args.out, args.seed, data.corpus(args.seed + 1, 4000))
+    build.build_tokenizer(args.out, args.seed, data.corpus(args.seed + 1, 4000, args.variety))
     build.write_config(args.out)
     from transformers import AutoTokenizer
 
@@ -213,7 +237,12 @@ def main() -> None:
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     encoded = []
     while len(encoded) < args.samples:
-        item = encode(tokenizer, data.make_sample(rng), eos, args.max_len)
+        item = encode(
+            tokenizer,
+            data.make_sample(rng, long_ratio=args.long_ratio, variety=args.variety),
+            eos,
+            args.max_len,
+        )
         if item is not None:
             encoded.append(item)
     total = sum(len(s) for s, _ in encoded)
@@ -242,15 +271,19 @@ def main() -> None:
             * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps))))
         ),
     )
+    # --compile: float32 compiled by Inductor; on a CPU about twice as fast as bf16
+    # autocast in eager mode (small matrices, many elementwise ops to fuse).
+    step_model = torch.compile(model, dynamic=True) if args.compile else model
     stream = batches(encoded, args.tokens_per_batch, rng)
     seen, loss_avg, t0 = 0, None, time.monotonic()
     for step in range(1, args.steps + 1):
-        ids, targets = collate(encoded, next(stream))
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(ids)
-        loss = F.cross_entropy(
-            logits.float().view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-100
+        ids, targets, weights = collate(encoded, next(stream), args.prompt_weight)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.compile):
+            logits = step_model(ids)
+        per_token = F.cross_entropy(
+            logits.float().view(-1, logits.shape[-1]), targets.view(-1), reduction="none"
         )
+        loss = (per_token * weights.view(-1)).sum() / weights.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

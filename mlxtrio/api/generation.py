@@ -3,6 +3,7 @@ place in the admission lane, run the turn."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,43 @@ def output_budget(requested: int | None, engine: Engine, prompt: RenderedPrompt)
     wanted = requested or min(settings.default_max_tokens, settings.max_output_tokens)
     room = engine.context_length - len(prompt.tokens)
     return max(1, min(wanted, settings.max_output_tokens, room))
+
+
+@dataclass(frozen=True)
+class ForcedOpening:
+    """How a required tool call is enforced: the tokens the output must start
+    with, and the token after which they start (end of reasoning), if any."""
+
+    tokens: tuple[int, ...] = ()
+    after: int | None = None
+
+
+def forced_tool_call(
+    engine: Engine, conversation: Conversation, prompt: RenderedPrompt
+) -> ForcedOpening:
+    """Make generation open a tool call when ``tool_choice`` requires one.
+
+    The model's own tool-call marker is forced (after its reasoning, when the
+    prompt starts inside it); for the Hermes JSON format a named choice also
+    forces ``{"name": "<tool>", "arguments":`` so the model only writes the
+    arguments. Nothing is forced for models without tool calling.
+    """
+    requirement, tokenizer = conversation.required_tool, engine.tokenizer
+    if requirement is None or not conversation.tools or not tokenizer.has_tool_calling:
+        return ForcedOpening()
+    text = tokenizer.tool_call_start
+    name = requirement.name
+    parser_module = getattr(tokenizer.tool_parser, "__module__", "")
+    if name is not None and parser_module.endswith(".json_tools"):
+        if name not in {tool.name for tool in conversation.tools}:
+            return ForcedOpening()
+        # No trailing space: models emit ' {' as one token after the colon.
+        text += '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":'
+    after = None
+    if prompt.starts_in_reasoning and len(tokenizer.think_end_tokens or ()) == 1:
+        after = tokenizer.think_end_tokens[0]
+        text = "\n\n" + text  # what templates put between </think> and the answer
+    return ForcedOpening(tuple(tokenizer.encode(text, add_special_tokens=False)), after)
 
 
 def reserve(engine: Engine) -> Ticket:

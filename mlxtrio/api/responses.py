@@ -26,7 +26,13 @@ from ..admission import Ticket
 from ..chat.chain import check_delta, drop_echoed_calls, outstanding_calls, reconstruct
 from ..chat.conversation import Conversation, Message
 from ..chat.fields import dict_field
-from ..chat.from_responses import ResponsesRequest, map_items, offered_tools, parse_request
+from ..chat.from_responses import (
+    ResponsesRequest,
+    map_items,
+    offered_tools,
+    parse_request,
+    required_tool,
+)
 from ..chat.prompt import RenderedPrompt
 from ..chat.tool_order import OPENAI, ToolOrderError, validate_tool_order
 from ..engine.engine import Engine
@@ -40,6 +46,7 @@ from .deps import request_nursery, resolve_engine, services
 from .generation import (
     SHUTDOWN_MESSAGE,
     CacheLookup,
+    forced_tool_call,
     generate,
     lookup,
     output_budget,
@@ -69,11 +76,14 @@ async def create_response() -> Response:
     turn = await prepare(parse_request(await read_json_body()))
     prompt = await render_prompt(turn.engine, turn.conversation)
     request = turn.request
+    forced = forced_tool_call(turn.engine, turn.conversation, prompt)
     sampling = SamplingParams(
         temperature=request.temperature if request.temperature is not None else 0.0,
         top_p=request.top_p if request.top_p is not None else 1.0,
         max_tokens=output_budget(request.max_output_tokens, turn.engine, prompt),
         seed=request.body.get("seed") if isinstance(request.body.get("seed"), int) else None,
+        forced_tokens=forced.tokens,
+        force_after=forced.after,
     )
     continuation = request.previous_response_id is not None
     cache = lookup(turn.engine, prompt, _cache_domain(request), continuation)
@@ -133,7 +143,9 @@ async def prepare(request: ResponsesRequest) -> Turn:
         raise invalid_request(
             "input is empty and there are no instructions: nothing to respond to", "input"
         )
-    conversation = Conversation(messages, offered_tools(request), request.thinking)
+    conversation = Conversation(
+        messages, offered_tools(request), request.thinking, required_tool(request)
+    )
     return Turn(request, engine, conversation, delta, instructions)
 
 

@@ -95,8 +95,17 @@ class ToolSpec:
         }
 
 
+@dataclass(frozen=True)
+class ToolRequirement:
+    """``tool_choice`` that obliges the model to call a tool: any offered one
+    (``name is None``) or the named one."""
+
+    name: str | None = None
+
+
 @dataclass
 class Conversation:
     messages: list[Message]
     tools: list[ToolSpec] = field(default_factory=list)
     thinking: bool = False
+    required_tool: ToolRequirement | None = None

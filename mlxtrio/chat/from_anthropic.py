@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..http.errors import invalid_request
-from .conversation import Conversation, Message, ToolCall, ToolSpec
+from .conversation import Conversation, Message, ToolCall, ToolRequirement, ToolSpec
 from .fields import MAX_INT32, is_int, number_in
 
 BILLING_HEADER_PREFIX = "x-anthropic-billing-header"
@@ -246,6 +246,18 @@ def _tools(body: dict[str, Any]) -> list[ToolSpec]:
     return specs
 
 
+def _required_tool(body: dict[str, Any]) -> ToolRequirement | None:
+    """``tool_choice`` ``any`` (some tool) or ``tool`` (that one); validated by _tools."""
+    choice = body.get("tool_choice")
+    if not isinstance(choice, dict):
+        return None
+    if choice.get("type") == "any":
+        return ToolRequirement()
+    if choice.get("type") == "tool":
+        return ToolRequirement(str(choice["name"]))
+    return None
+
+
 def to_conversation(body: dict[str, Any], thinking: bool) -> Conversation:
     system_parts = _system_text(body.get("system"))
     messages: list[Message] = []
@@ -264,7 +276,8 @@ def to_conversation(body: dict[str, Any], thinking: bool) -> Conversation:
             raise invalid_request(f'Unsupported message role: "{role}" (use "user" or "assistant")')
     if system_parts:
         messages.insert(0, Message("system", "\n\n".join(system_parts)))
-    return Conversation(messages, _tools(body), thinking)
+    tools = _tools(body)
+    return Conversation(messages, tools, thinking, _required_tool(body) if tools else None)
 
 
 def tool_input_json(arguments: str) -> dict[str, Any]:

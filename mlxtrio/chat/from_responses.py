@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..http.errors import invalid_request
-from .conversation import Conversation, Message, ToolCall, ToolSpec
+from .conversation import Conversation, Message, ToolCall, ToolRequirement, ToolSpec
 from .fields import MAX_INT32, dict_field, is_int, list_field, number_in
 
 
@@ -124,6 +124,17 @@ def _check_text_format(text: Any) -> None:
             'omit text.format or use {"type": "text"} and describe the wanted JSON in the prompt',
             "text.format",
         )
+
+
+def required_tool(request: ResponsesRequest) -> ToolRequirement | None:
+    """``tool_choice: "required"`` or a named function/custom tool."""
+    choice = request.tool_choice
+    if choice == "required":
+        return ToolRequirement()
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
+        name = choice.get("name")
+        return ToolRequirement(name if isinstance(name, str) and name else None)
+    return None
 
 
 def offered_tools(request: ResponsesRequest) -> list[ToolSpec]:
@@ -240,7 +251,7 @@ def to_conversation(request: ResponsesRequest) -> Conversation:
     if request.instructions:
         messages.append(Message("system", request.instructions))
     messages.extend(map_items(request.items))
-    return Conversation(messages, offered_tools(request), request.thinking)
+    return Conversation(messages, offered_tools(request), request.thinking, required_tool(request))
 
 
 Reveal = Callable[[object], str | None]

@@ -316,7 +316,7 @@ class Engine:
     def _insert(self, handle: GenerationHandle) -> None:
         from mlx_lm.generate import StopSequences
 
-        from .sampling import reasoning_budget_processor, sampler_for
+        from .sampling import forced_tokens_processor, reasoning_budget_processor, sampler_for
 
         now = time.perf_counter()
         stats = GenerationStats(prompt_tokens=len(handle.prompt))
@@ -332,6 +332,8 @@ class Engine:
         end_tokens: tuple[int, ...] = tuple(getattr(self.tokenizer, "think_end_tokens", None) or ())
         if params.reasoning_budget is not None and len(end_tokens) == 1:
             processors.append(reasoning_budget_processor(params.reasoning_budget, end_tokens[0]))
+        if params.forced_tokens:
+            processors.append(forced_tokens_processor(params.forced_tokens, params.force_after))
         cache, reused = self._cache_for(handle)
         stats.cached_tokens = reused
         (uid,) = self._gen.insert(

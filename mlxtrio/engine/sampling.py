@@ -52,6 +52,32 @@ def sampler_for(params: SamplingParams) -> Sampler:
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 
+def _only(token: int, logits: mx.array) -> mx.array:
+    allowed = mx.arange(logits.shape[-1]) == token
+    return mx.where(allowed, logits, mx.array(-float("inf"), dtype=logits.dtype))
+
+
+def forced_tokens_processor(tokens: tuple[int, ...], after: int | None) -> LogitsProcessor:
+    """Make the next generated tokens exactly ``tokens``: from the first step, or
+    from the step after ``after`` was generated (if it never is, nothing is forced)."""
+    state = {"step": 0, "armed": after is None, "next": 0}
+
+    def process(context: mx.array, logits: mx.array) -> mx.array:
+        step = state["step"]
+        state["step"] = step + 1
+        if state["next"] >= len(tokens):
+            return logits
+        if not state["armed"]:
+            if step == 0 or context[-1].item() != after:
+                return logits
+            state["armed"] = True
+        token = tokens[state["next"]]
+        state["next"] += 1
+        return _only(token, logits)
+
+    return process
+
+
 def reasoning_budget_processor(budget: int, think_end_id: int) -> LogitsProcessor:
     """Force the end-of-reasoning token once ``budget`` tokens were generated
     without it. Called once per decode step with the token context (whose last
@@ -69,7 +95,6 @@ def reasoning_budget_processor(budget: int, think_end_id: int) -> LogitsProcesso
         if step < budget:
             return logits
         state["closed"] = True
-        only_end = mx.arange(logits.shape[-1]) == think_end_id
-        return mx.where(only_end, logits, mx.array(-float("inf"), dtype=logits.dtype))
+        return _only(think_end_id, logits)
 
     return process

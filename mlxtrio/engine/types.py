@@ -27,6 +27,11 @@ class SamplingParams:
     # Close an open reasoning block after this many generated tokens (Anthropic
     # thinking.budget_tokens). Only for prompts that start inside reasoning.
     reasoning_budget: int | None = None
+    # Tokens the output must start with (a required tool call's opening), emitted
+    # right away or, when ``force_after`` is set, right after that token (the end
+    # of the reasoning block).
+    forced_tokens: tuple[int, ...] = ()
+    force_after: int | None = None
 
 
 @dataclass
