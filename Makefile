@@ -13,8 +13,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# On Linux, MLX's CPU backend multiplies matrices about 3x faster through the
+# system OpenBLAS (Debian/Ubuntu: apt-get install libopenblas0-pthread); it is
+# preloaded when present, and nothing changes when it is not.
+OPENBLAS := $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
+
 run: $(STAMP)
-	$(BIN)/mlxtrio serve
+	$(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS) )$(BIN)/mlxtrio serve
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
