@@ -8,7 +8,8 @@ text answer, and reasoning comes as a reasoning item / thinking block.
 Known gap (issue 3 stays open): the shipped weights pick tool *names* from the
 ones seen in training instead of copying the offered, unseen names, so these tests
 do not assert which tool is named or which values the arguments carry (it tends
-to emit a memorised call).
+to emit a memorised call). Only a named ``tool_choice`` pins the name: the server
+forces it, and the test checks that.
 """
 
 from __future__ import annotations
