@@ -103,6 +103,20 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
 )
 
+# An experiment (``train_tiny_model.py --description-first``; run 7 in the README):
+# each tool on one line with its description *before* its name, so a causal model
+# can tie the name to what the tool does when it reads the name, which is what
+# lets it pick the offered tool that matches the request.
+CHAT_TEMPLATE_DESCRIPTION_FIRST = CHAT_TEMPLATE.replace(
+    "{%- for tool in tools -%}{{- tool | tojson -}}{{- '\\n' -}}{%- endfor -%}",
+    "{%- for tool in tools -%}"
+    "{%- set fn = tool.function if tool.function is defined else tool -%}"
+    "{{- '{\"description\": ' + (fn.description or '') | tojson + ', \"name\": ' -}}"
+    "{{- fn.name | tojson + ', \"parameters\": ' + (fn.parameters or {}) | tojson + '}\\n' -}}"
+    "{%- endfor -%}",
+)
+assert CHAT_TEMPLATE_DESCRIPTION_FIRST != CHAT_TEMPLATE
+
 _WORDS = (
     "the a an and or but if then when while of to in on for with from by at as is are "
     "was were be been it this that these those there here what which who how why "
@@ -175,11 +189,11 @@ def build_tokenizer(out: Path, seed: int, texts: list[str] | None = None) -> Non
     )
 
 
-def write_template(out: Path) -> None:
+def write_template(out: Path, template: str = CHAT_TEMPLATE) -> None:
     """Refresh only the chat template of an existing model directory."""
     path = out / "tokenizer_config.json"
     config = json.loads(path.read_text())
-    config["chat_template"] = CHAT_TEMPLATE
+    config["chat_template"] = template
     path.write_text(json.dumps(config, indent=2))
 
 

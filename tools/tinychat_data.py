@@ -326,7 +326,7 @@ SYLLABLES = [
 ]
 
 
-def _novel_name(rng: random.Random) -> str:
+def novel_name(rng: random.Random) -> str:
     verb, noun, other = rng.choice(NAME_VERBS), rng.choice(NAME_NOUNS), rng.choice(NAME_NOUNS)
     style = rng.randrange(8)
     if style == 0:
@@ -843,6 +843,12 @@ class OfferedTool:
 
 EVAL_NAMES = {name for family in FAMILIES for name in family.eval_names}
 
+# Words of the tool descriptions: keys for the copying exercises.
+COPY_KEY_WORDS = sorted(
+    {w.strip(".,").lower() for f in FAMILIES for d in f.descriptions for w in d.split()}
+    | set(PARAM_WORDS)
+)
+
 
 def _tool_name(
     rng: random.Random, family: Family, split: str, taken: set[str], variety: bool
@@ -851,7 +857,7 @@ def _tool_name(
         pool = family.train_names if split == "train" else family.eval_names
         return rng.choice([n for n in pool if n not in taken] or pool)
     while True:
-        name = rng.choice(family.train_names) if rng.random() < 0.2 else _novel_name(rng)
+        name = rng.choice(family.train_names) if rng.random() < 0.2 else novel_name(rng)
         if name not in taken and name not in EVAL_NAMES:
             return name
 

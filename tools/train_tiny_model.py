@@ -105,6 +105,47 @@ class TinyQwen3(nn.Module):
             for lin in (layer.o_proj, layer.down_proj):  # scaled residual init
                 nn.init.normal_(lin.weight, std=0.02 / math.sqrt(2 * c["num_hidden_layers"]))
 
+    @torch.no_grad()
+    def init_previous_token_head(self, gain: float = 2.5, pairs: int = 4) -> None:
+        """Start head 0 of layer 0 as a previous-token head.
+
+        Copying a name from the prompt needs an induction circuit: a head that
+        moves each token's identity one position on (previous-token head) and a
+        later head that attends to "the position after an earlier copy of my
+        token". Trained from random weights on this data, it never formed (the
+        model predicted the marginal over name words; even pure copy tasks sat
+        at chance for hundreds of steps). So the first half is built in:
+
+        * every token embedding gets the same value in dimension 0, a constant
+          direction after the input norm (invisible in the output: tied
+          embeddings add the same logit to every token);
+        * head 0's query and its key head read only that direction, so they are
+          the same vector at every position, and RoPE alone shapes the score;
+        * on the ``pairs`` fastest rotating RoPE pairs the key is turned one
+          step ahead of the query, so every pair peaks at the previous position;
+        * its value ignores the constant direction (else it would carry little
+          but the constant) and its output starts at full scale, so the copied
+          token identity is as loud in the residual stream as the token's own.
+
+        The weights stay trainable; this is an initialisation, not a constraint.
+        """
+        c = self.c
+        hd, half = c["head_dim"], c["head_dim"] // 2
+        self.embed_tokens.weight[:, 0] = 1.0
+        layer = self.layers[0]
+        layer.q_proj.weight[:hd].zero_()
+        layer.k_proj.weight[:hd].zero_()
+        layer.v_proj.weight[:hd].normal_(0.0, 1.0 / math.sqrt(c["hidden_size"]))
+        layer.v_proj.weight[:hd, 0] = 0.0
+        layer.o_proj.weight[:, :hd].normal_(0.0, 0.02)
+        for i in range(pairs):
+            theta = c["rope_theta"] ** (-i / half)
+            layer.q_proj.weight[i, 0] = 1.0
+            layer.k_proj.weight[i, 0] = math.cos(theta)
+            layer.k_proj.weight[i + half, 0] = math.sin(theta)
+            for norm in (layer.q_norm, layer.k_norm):
+                norm.weight[i] = norm.weight[i + half] = gain
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         n, hd = ids.shape[1], self.c["head_dim"]
         inv = 1.0 / (
@@ -140,8 +181,18 @@ class TinyQwen3(nn.Module):
 # -- data ---------------------------------------------------------------------
 
 
-def encode(tokenizer, sample: data.Sample, eos: int, max_len: int) -> tuple[list[int], int] | None:
-    """(prompt + completion + EOS ids, index where the completion starts)."""
+# A training item: token ids and the loss weight of predicting ids[a:b], per range.
+Item = tuple[list[int], list[tuple[int, int, float]]]
+
+
+def encode(
+    tokenizer, sample: data.Sample, eos: int, max_len: int, prompt_weight: float
+) -> Item | None:
+    """Prompt + completion + EOS ids; the completion weighs 1, the prompt ``prompt_weight``.
+
+    A small prompt weight also asks the model to predict the prompt's own
+    repetitions, e.g. parameter names in ``required``.
+    """
     # The same call mlx-lm's TokenizerWrapper makes, so training sees exactly the
     # token ids the server will render.
     prompt = tokenizer.apply_chat_template(
@@ -156,10 +207,62 @@ def encode(tokenizer, sample: data.Sample, eos: int, max_len: int) -> tuple[list
     ids = list(prompt) + completion
     if len(ids) > max_len:
         return None
-    return ids, len(prompt)
+    start = len(prompt)
+    return ids, [(1, start, prompt_weight), (start, len(ids), 1.0)]
 
 
-def batches(encoded: list[tuple[list[int], int]], tokens_per_batch: int, rng: random.Random):
+def copy_item(rng: random.Random, tokenizer, vocab: int, first: int) -> Item:
+    """A pure copying exercise, so that induction heads form.
+
+    The chat data alone never taught the model to copy (it predicted the marginal
+    over tool-name words, not the name in its prompt): a name is a few tokens in a
+    long sample. Here most of the loss is on copying.
+    """
+    if rng.random() < 0.5:
+        return span_item(rng, vocab, first)
+    return recall_item(rng, tokenizer)
+
+
+def span_item(rng: random.Random, vocab: int, first: int) -> Item:
+    """Random tokens, then a span of random tokens repeated back to back; loss on
+    the repeats. Several repeats give the induction circuit a dense signal."""
+    span = [rng.randrange(first, vocab) for _ in range(rng.randint(4, 32))]
+    noise = [rng.randrange(first, vocab) for _ in range(rng.randint(0, 200))]
+    ids = noise + span * rng.randint(2, 6)
+    return ids, [(len(noise) + len(span) + 1, len(ids), 1.0)]
+
+
+def repeat_item(rng: random.Random, vocab: int, first: int, length: int = 128) -> Item:
+    """A short span of random tokens repeated to ``length``: the densest copying
+    signal, for the warm-up (with a previous-token head to start from, a 4-layer
+    model learns induction from these in ~500 steps of 32 sequences)."""
+    span = [rng.randrange(first, vocab) for _ in range(rng.randint(8, 16))]
+    ids = (span * (length // len(span) + 1))[:length]
+    return ids, [(len(span) + 1, length, 1.0)]
+
+
+def recall_item(rng: random.Random, tokenizer) -> Item:
+    """Key/value recall shaped like a tool list (``description: name`` lines),
+    then queried keys; loss on the names recalled."""
+    pairs: dict[str, str] = {}
+    size = rng.randint(2, 12)
+    while len(pairs) < size:
+        key = " ".join(rng.choice(data.COPY_KEY_WORDS) for _ in range(rng.randint(1, 4)))
+        pairs[key] = data.novel_name(rng)
+    keys = list(pairs)
+    ids = tokenizer.encode(
+        "".join(f"{k}: {pairs[k]}\n" for k in keys) + "\n", add_special_tokens=False
+    )
+    ranges = []
+    for key in rng.sample(keys, k=rng.randint(1, len(keys))):
+        ids += tokenizer.encode(f"{key}:", add_special_tokens=False)
+        value = tokenizer.encode(f" {pairs[key]}\n", add_special_tokens=False)
+        ranges.append((len(ids), len(ids) + len(value), 1.0))
+        ids += value
+    return ids, ranges
+
+
+def batches(encoded: list[Item], tokens_per_batch: int, rng: random.Random):
     """Length-bucketed batches of about ``tokens_per_batch`` (padded) tokens, forever."""
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]))
     groups, current, longest = [], [], 0
@@ -175,27 +278,85 @@ def batches(encoded: list[tuple[list[int], int]], tokens_per_batch: int, rng: ra
         yield from groups
 
 
-def collate(
-    encoded, group, prompt_weight: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Padded ids, next-token targets and per-position loss weights.
-
-    The completion carries full weight, prompt tokens ``prompt_weight`` (0, the
-    default, trains on the completion only; a small weight also asks the model to
-    predict the prompt's own repetitions, e.g. parameter names in ``required``).
-    """
+def collate(encoded: list[Item], group) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Padded ids, next-token targets and per-position loss weights."""
     n = max(len(encoded[i][0]) for i in group)
     ids = torch.zeros(len(group), n, dtype=torch.long)
     targets = torch.zeros((len(group), n), dtype=torch.long)
     weights = torch.zeros((len(group), n), dtype=torch.float32)
     for row, i in enumerate(group):
-        seq, start = encoded[i]
+        seq, ranges = encoded[i]
         ids[row, : len(seq)] = torch.tensor(seq)
         # predict token t+1 from position t
         targets[row, : len(seq) - 1] = torch.tensor(seq[1:])
-        weights[row, : start - 1] = prompt_weight
-        weights[row, start - 1 : len(seq) - 1] = 1.0
+        for a, b, weight in ranges:
+            weights[row, a - 1 : b - 1] = weight
     return ids, targets, weights
+
+
+class NameProbe:
+    """Teacher-forced check that the model copies tool names from its prompt.
+
+    On held-out tool calls (eval names, never trained on): the mean log-prob of
+    the called name's tokens, and how often every name token is the argmax. A
+    model that has not learnt to copy sits near log(1 / name-word pool), ~ -4.
+    """
+
+    def __init__(self, tokenizer, eos: int, seed: int, n: int = 40) -> None:
+        rng = random.Random(seed)
+        vocab, first = len(tokenizer), len(build.SPECIAL_TOKENS)
+        self.spans = [span_item(rng, vocab, first) for _ in range(n // 2)]
+        self.recalls = [recall_item(rng, tokenizer) for _ in range(n // 2)]
+        self.items: list[tuple[list[int], int, int]] = []
+        marker = '<tool_call>{"name": "'
+        while len(self.items) < n:
+            sample = data.make_sample(rng, split="eval", long_ratio=0.0)
+            if sample.kind != "tool" or sample.thinking:
+                continue
+            item = encode(tokenizer, sample, eos, 4096, 0.0)
+            assert item is not None
+            ids, ranges = item
+            prompt_len = ranges[1][0]
+            head = sample.completion.index(marker) + len(marker)
+            tail = head + len(sample.expected_tools[0])
+            a = prompt_len + len(
+                tokenizer.encode(sample.completion[:head], add_special_tokens=False)
+            )
+            b = prompt_len + len(
+                tokenizer.encode(sample.completion[:tail], add_special_tokens=False)
+            )
+            self.items.append((ids, a, b))
+
+    @staticmethod
+    def _logprob(model: nn.Module, items: list[Item]) -> float:
+        total, count = 0.0, 0
+        for ids, ranges in items:
+            logits = model(torch.tensor([ids]))[0].float().log_softmax(-1)
+            for a, b, _ in ranges:
+                picked = logits[a - 1 : b - 1].gather(1, torch.tensor(ids[a:b])[:, None])
+                total += picked.sum().item()
+                count += b - a
+        return total / count
+
+    @torch.no_grad()
+    def __call__(self, model: nn.Module) -> str:
+        spans, recalls = self._logprob(model, self.spans), self._logprob(model, self.recalls)
+        logprob, exact, count = 0.0, 0, 0
+        for ids, a, b in self.items:
+            logits = model(torch.tensor([ids[:b]]))[0].float().log_softmax(-1)
+            targets = torch.tensor(ids[a:b])
+            picked = logits[a - 1 : b - 1].gather(1, targets[:, None])
+            logprob += picked.sum().item()
+            count += b - a
+            exact += int(bool((logits[a - 1 : b - 1].argmax(-1) == targets).all()))
+        return (
+            f"probe log-prob/token: copy span {spans:.2f}, recall {recalls:.2f}, "
+            f"tool name {logprob / count:.2f} (names exact {exact}/{len(self.items)})"
+        )
+
+
+def config_vocab(out: Path) -> int:
+    return json.loads((out / "config.json").read_text())["vocab_size"]
 
 
 def main() -> None:
@@ -220,6 +381,23 @@ def main() -> None:
         "--variety", action="store_true", help="fresh tool names and values per sample"
     )
     parser.add_argument("--long-ratio", type=float, default=0.03)
+    parser.add_argument(
+        "--copy-samples", type=int, default=0, help="copying exercises mixed into the data"
+    )
+    parser.add_argument(
+        "--copy-warmup", type=int, default=0, help="first steps on copying exercises only"
+    )
+    parser.add_argument(
+        "--prev-token-init",
+        action="store_true",
+        help="start layer 0's head 0 as a previous-token head (see init_previous_token_head)",
+    )
+    parser.add_argument(
+        "--description-first",
+        action="store_true",
+        help="render each tool with its description before its name (experiment)",
+    )
+    parser.add_argument("--probe-every", type=int, default=100)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
 
@@ -231,6 +409,8 @@ def main() -> None:
     started = time.monotonic()
     build.build_tokenizer(args.out, args.seed, data.corpus(args.seed + 1, 4000, args.variety))
     build.write_config(args.out)
+    if args.description_first:
+        build.write_template(args.out, build.CHAT_TEMPLATE_DESCRIPTION_FIRST)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.out))
@@ -242,9 +422,15 @@ def main() -> None:
             data.make_sample(rng, long_ratio=args.long_ratio, variety=args.variety),
             eos,
             args.max_len,
+            args.prompt_weight,
         )
         if item is not None:
             encoded.append(item)
+    first = len(build.SPECIAL_TOKENS)
+    copies = [
+        copy_item(rng, tokenizer, config_vocab(args.out), first) for _ in range(args.copy_samples)
+    ]
+    encoded += copies
     total = sum(len(s) for s, _ in encoded)
     print(
         f"data: {len(encoded)} samples, {total} tokens, longest {max(len(s) for s, _ in encoded)} "
@@ -254,6 +440,8 @@ def main() -> None:
 
     config = json.loads((args.out / "config.json").read_text())
     model = TinyQwen3(config)
+    if args.prev_token_init:
+        model.init_previous_token_head()
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {params / 1e6:.2f}M parameters", flush=True)
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -275,9 +463,18 @@ def main() -> None:
     # autocast in eager mode (small matrices, many elementwise ops to fuse).
     step_model = torch.compile(model, dynamic=True) if args.compile else model
     stream = batches(encoded, args.tokens_per_batch, rng)
+    # The warm-up: dense repeats in small batches (many cheap steps).
+    warm = [
+        repeat_item(rng, len(tokenizer), first) for _ in range(20000 if args.copy_warmup else 0)
+    ]
+    warmup_stream = batches(warm, 4096, rng) if args.copy_warmup else None
+    probe = NameProbe(tokenizer, eos, args.seed + 7)
     seen, loss_avg, t0 = 0, None, time.monotonic()
     for step in range(1, args.steps + 1):
-        ids, targets, weights = collate(encoded, next(stream), args.prompt_weight)
+        if warmup_stream is not None and step <= args.copy_warmup:
+            ids, targets, weights = collate(warm, next(warmup_stream))
+        else:
+            ids, targets, weights = collate(encoded, next(stream))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.compile):
             logits = step_model(ids)
         per_token = F.cross_entropy(
@@ -298,6 +495,10 @@ def main() -> None:
                 f"{seen / elapsed:.0f} tok/s, {elapsed / 60:.1f} min",
                 flush=True,
             )
+        if step % args.probe_every == 0 or step == args.steps:
+            model.eval()
+            print(probe(model), flush=True)
+            model.train()
 
     from safetensors.torch import save_file
 
