@@ -355,10 +355,6 @@ class NameProbe:
         )
 
 
-def config_vocab(out: Path) -> int:
-    return json.loads((out / "config.json").read_text())["vocab_size"]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
@@ -427,9 +423,7 @@ def main() -> None:
         if item is not None:
             encoded.append(item)
     first = len(build.SPECIAL_TOKENS)
-    copies = [
-        copy_item(rng, tokenizer, config_vocab(args.out), first) for _ in range(args.copy_samples)
-    ]
+    copies = [copy_item(rng, tokenizer, len(tokenizer), first) for _ in range(args.copy_samples)]
     encoded += copies
     total = sum(len(s) for s, _ in encoded)
     print(
