@@ -186,12 +186,21 @@ Item = tuple[list[int], list[tuple[int, int, float]]]
 
 
 def encode(
-    tokenizer, sample: data.Sample, eos: int, max_len: int, prompt_weight: float
+    tokenizer,
+    sample: data.Sample,
+    eos: int,
+    max_len: int,
+    prompt_weight: float,
+    call_weight: float = 1.0,
 ) -> Item | None:
-    """Prompt + completion + EOS ids; the completion weighs 1, the prompt ``prompt_weight``.
+    """Prompt + completion + EOS ids; the completion weighs 1, the prompt
+    ``prompt_weight``, tokens inside ``<tool_call>…</tool_call>`` ``call_weight``.
 
     A small prompt weight also asks the model to predict the prompt's own
-    repetitions, e.g. parameter names in ``required``.
+    repetitions, e.g. parameter names in ``required``. A call weight above 1
+    puts more of the loss on what must be read from the prompt (the tool name,
+    parameter names, argument values): once the format is learnt, those are
+    nearly all the loss left in a call.
     """
     # The same call mlx-lm's TokenizerWrapper makes, so training sees exactly the
     # token ids the server will render.
@@ -203,12 +212,30 @@ def encode(
         tokenize=True,
         return_dict=False,
     )
-    completion = tokenizer.encode(sample.completion, add_special_tokens=False) + [eos]
+    encoded = tokenizer(sample.completion, add_special_tokens=False, return_offsets_mapping=True)
+    completion = list(encoded["input_ids"]) + [eos]
     ids = list(prompt) + completion
     if len(ids) > max_len:
         return None
     start = len(prompt)
-    return ids, [(1, start, prompt_weight), (start, len(ids), 1.0)]
+    ranges = [(1, start, prompt_weight), (start, len(ids), 1.0)]
+    if call_weight != 1.0:
+        offsets = encoded["offset_mapping"]
+        for a, b in _call_spans(sample.completion):
+            inside = [i for i, (x, y) in enumerate(offsets) if x < b and y > a]
+            if inside:
+                ranges.append((start + inside[0], start + inside[-1] + 1, call_weight))
+    return ids, ranges
+
+
+def _call_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of the tool calls' JSON bodies in a completion."""
+    spans, at = [], 0
+    while (head := text.find("<tool_call>", at)) >= 0:
+        tail = text.find("</tool_call>", head)
+        spans.append((head + len("<tool_call>"), tail))
+        at = tail
+    return spans
 
 
 def copy_item(rng: random.Random, tokenizer, vocab: int, first: int) -> Item:
@@ -384,6 +411,12 @@ def main() -> None:
         "--copy-warmup", type=int, default=0, help="first steps on copying exercises only"
     )
     parser.add_argument(
+        "--warmup-lr", type=float, default=None, help="peak learning rate of the copy warm-up"
+    )
+    parser.add_argument(
+        "--call-weight", type=float, default=1.0, help="loss weight of tool-call tokens"
+    )
+    parser.add_argument(
         "--prev-token-init",
         action="store_true",
         help="start layer 0's head 0 as a previous-token head (see init_previous_token_head)",
@@ -419,6 +452,7 @@ def main() -> None:
             eos,
             args.max_len,
             args.prompt_weight,
+            args.call_weight,
         )
         if item is not None:
             encoded.append(item)
@@ -446,10 +480,14 @@ def main() -> None:
         betas=(0.9, 0.95),
     )
     warmup = max(1, args.steps // 30)
+    # Inducing copying from the previous-token head wants a gentler rate than the
+    # chat phase can take (--warmup-lr); the cosine runs over all steps either way.
+    warm_scale = (args.warmup_lr or args.lr) / args.lr
     schedule = torch.optim.lr_scheduler.LambdaLR(
         opt,
         lambda s: (
             min(1.0, (s + 1) / warmup)
+            * (warm_scale if s < args.copy_warmup else 1.0)
             * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps))))
         ),
     )
