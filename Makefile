@@ -13,9 +13,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# On Linux, MLX's CPU backend multiplies matrices about 3x faster through the
-# system OpenBLAS (Debian/Ubuntu: apt-get install libopenblas0-pthread); it is
-# preloaded when present, and nothing changes when it is not.
+# On Linux, MLX's CPU backend multiplies float32 matrices several times faster
+# through the system OpenBLAS (Debian/Ubuntu: apt-get install libopenblas0-pthread),
+# and with it loaded the server computes in float32 (COMPUTE_DTYPE=auto). It is
+# preloaded when present; nothing changes when it is not.
 OPENBLAS := $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
 
 run: $(STAMP)

@@ -60,7 +60,12 @@ def raw_decode_tps(model_path: str, tokens: int, runs: int) -> float:
     from mlx_lm import load, stream_generate
     from mlx_lm.sample_utils import make_sampler
 
+    from mlxtrio.engine.precision import apply_compute_dtype
+
     model, tokenizer = load(model_path)
+    # The server's default (auto) compute dtype, so both sides do the same arithmetic.
+    dtype, _ = apply_compute_dtype(model, "auto")
+    print(f"raw mlx-lm computes in {dtype}", flush=True)
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": PROMPT}], add_generation_prompt=True
     )

@@ -25,6 +25,7 @@ HELP = {
     "capacity": "concurrent sequences per model",
     "waiting_room": "queued requests per model before 429",
     "prefix_cache_bytes": "prefix KV cache budget per model (-1 auto, 0 off)",
+    "compute_dtype": "auto (float32 on a CPU with a fast BLAS), model, float32, bfloat16, float16",
     "shutdown_grace": "seconds in-flight generations get at shutdown",
     "database_url": "response store URL, or none",
 }

@@ -58,6 +58,7 @@ class Services:
                 prefill_chunk=s.prefill_chunk,
                 default_max_tokens=s.default_max_tokens,
                 prefix_cache_bytes=s.prefix_cache_budget,
+                compute_dtype=s.compute_dtype,
             )
             self.registry.add(engine)
             self.lanes[name] = AdmissionLane(name, s.capacity, s.waiting_room)

@@ -18,6 +18,15 @@ EMBEDDED_MODEL_NAME = "mlxtrio-tiny"
 EMBEDDED_MODEL_PATH = Path(__file__).parent / "assets" / "tiny-chat"
 
 ENV_PREFIX = "MLXTRIO_"
+COMPUTE_DTYPES = ("auto", "model", "float32", "bfloat16", "float16")
+
+
+def physical_memory() -> int:
+    """Bytes of RAM (8 GiB when the platform will not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
 
 
 class SettingsError(ValueError):
@@ -48,6 +57,10 @@ class Settings:
     default_max_tokens: int = 4096  # clamped to max_output_tokens
     max_output_tokens: int = 32768
     prefill_chunk: int = 512
+    # Floating-point type to compute in: auto = float32 on a CPU with a fast BLAS
+    # (several times faster prefill there), else the checkpoint's own; "model"
+    # always keeps the checkpoint's; or float32 / bfloat16 / float16.
+    compute_dtype: str = "auto"
 
     sse_keepalive: float = 10.0
     sse_drain_timeout: float = 30.0
@@ -79,11 +92,7 @@ class Settings:
     def prefix_cache_budget(self) -> int:
         if self.prefix_cache_bytes >= 0:
             return self.prefix_cache_bytes
-        try:
-            physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            physical = 8 << 30
-        return min(physical // 5, 16 << 30)
+        return min(physical_memory() // 5, 16 << 30)
 
     @property
     def data_path(self) -> Path:
@@ -118,6 +127,11 @@ class Settings:
         for name in positive:
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise SettingsError(
+                f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)} "
+                f"(got {self.compute_dtype!r})"
+            )
         if self.waiting_room < 0:
             raise SettingsError(f"waiting_room must be 0 or more (got {self.waiting_room})")
         if not 0 < self.port < 65536:

@@ -109,6 +109,7 @@ def test_bad_settings_are_reported_by_name() -> None:
         ({"MLXTRIO_CAPACITY": "0"}, "capacity"),
         ({"MLXTRIO_PORT": "abc"}, "MLXTRIO_PORT"),
         ({"MLXTRIO_ALIASES": "nonsense"}, "aliases"),
+        ({"MLXTRIO_COMPUTE_DTYPE": "fp8"}, "compute_dtype"),
     ):
         try:
             Settings.from_env(environ=env)
@@ -136,6 +137,8 @@ def test_every_setting_has_a_working_flag() -> None:
             value = "3600"
         if field.name == "database_url":
             value = "none"
+        if field.name == "compute_dtype":
+            value = "float32"
         args = build_parser().parse_args(["serve", flag, value])
         settings = settings_from_args(args)
         assert str(getattr(settings, field.name)) == str(kind(value)), field.name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import anthropic
 import openai
+import pytest
 import trio
 import trio.lowlevel
 
@@ -160,6 +161,35 @@ async def test_cache_salt_domains_never_share(scripted: Server) -> None:
     assert no_salt.headers["x-cached-tokens"] == "0"
 
 
+async def test_each_api_key_is_its_own_domain(server_factory, scripted_model_path) -> None:
+    """With several keys configured, a key's requests never reuse another key's
+    prefixes, on either API (and a salt narrows a key's domain further)."""
+    server = await server_factory(
+        model=scripted_model_path, model_name=SCRIPTED, api_key="key-a, key-b,key-c"
+    )
+    body = {"model": SCRIPTED, "instructions": SYSTEM, "input": "hello"}
+    message = {
+        "model": SCRIPTED,
+        "system": SYSTEM,
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hello"}],
+    }
+
+    async def cached(path: str, key: str, payload: dict) -> int:
+        async with server.client() as client:
+            r = await client.post(path, json=payload, headers={"x-api-key": key})
+        assert r.status_code == 200, r.text
+        return int(r.headers["x-cached-tokens"])
+
+    assert await cached("/v1/responses", "key-a", body) == 0
+    assert await cached("/v1/responses", "key-a", body) > 0
+    assert await cached("/v1/responses", "key-b", body) == 0
+    assert await cached("/v1/responses", "key-a", {**body, "cache_salt": "s"}) == 0
+    # The same system prompt is cached under key-a and key-b by now: key-c sees none.
+    assert await cached("/v1/messages", "key-c", message) == 0
+    assert await cached("/v1/messages", "key-c", message) > 0
+
+
 async def test_streaming_headers_are_exact(scripted: Server) -> None:
     body = {"model": SCRIPTED, "instructions": SYSTEM, "input": "hello", "stream": True}
     async with scripted.client() as client:
@@ -205,8 +235,10 @@ async def test_cancelled_request_keeps_its_prefill(scripted: Server) -> None:
     assert int(r.headers["x-cached-tokens"]) >= r.json()["usage"]["input_tokens"] - 1
 
 
-async def test_cached_and_cold_greedy_generations_are_identical() -> None:
-    """The correctness guard, on the embedded model through the real engine."""
+@pytest.mark.parametrize("dtype", ["model", "float32"])
+async def test_cached_and_cold_greedy_generations_are_identical(dtype: str) -> None:
+    """The correctness guard, on the embedded model through the real engine, in
+    its stored bfloat16 and in the float32 that ``auto`` picks on a fast CPU."""
     warm = Engine(
         "warm",
         str(EMBEDDED_MODEL_PATH),
@@ -214,6 +246,7 @@ async def test_cached_and_cold_greedy_generations_are_identical() -> None:
         prefill_chunk=32,
         default_max_tokens=64,
         prefix_cache_bytes=1 << 30,
+        compute_dtype=dtype,
     )
     cold = Engine(
         "cold",
@@ -222,6 +255,7 @@ async def test_cached_and_cold_greedy_generations_are_identical() -> None:
         prefill_chunk=32,
         default_max_tokens=64,
         prefix_cache_bytes=0,
+        compute_dtype=dtype,
     )
     await warm.start()
     await cold.start()
@@ -258,6 +292,7 @@ async def test_cached_and_cold_greedy_generations_are_identical() -> None:
             cold_out, cold_cached = await run(cold, prompt)
             assert cached > 0 and cold_cached == 0
             assert warm_out == cold_out
+        assert warm.dtype == cold.dtype == ("float32" if dtype == "float32" else "bfloat16")
     finally:
         await warm.stop(1)
         await cold.stop(1)

@@ -13,6 +13,20 @@ async def test_health_reports_model_and_engine_state(server: Server) -> None:
     assert body["status"] == "ok"
     assert body["models"][0]["id"] == MODEL
     assert body["models"][0]["state"] == "ready"
+    assert body["models"][0]["dtype"] in ("bfloat16", "float32")
+
+
+async def test_compute_dtype_setting_reaches_the_engine(server_factory) -> None:
+    """float32 compute (what ``auto`` picks on a CPU with a fast BLAS) serves."""
+    server = await server_factory(compute_dtype="float32")
+    async with server.client() as client:
+        health = (await client.get("/health")).json()
+        r = await client.post(
+            "/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 8}
+        )
+    assert health["models"][0]["dtype"] == "float32"
+    assert r.status_code == 200
+    assert r.json()["usage"]["output_tokens"] >= 1
 
 
 async def test_root_answers_get_and_head(server: Server) -> None:
@@ -158,6 +172,17 @@ async def test_api_key_checks(server_factory) -> None:
     assert health.status_code == 200
     assert head.status_code == 200
     assert models.status_code == 401
+
+
+async def test_several_api_keys_each_work(server_factory) -> None:
+    server = await server_factory(api_key="one,two")
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 1}
+    async with server.client() as client:
+        statuses = [
+            (await client.post("/v1/responses", json=body, headers={"x-api-key": key})).status_code
+            for key in ("one", "two", "one,two", "three")
+        ]
+    assert statuses == [200, 200, 401, 401]
 
 
 async def test_validation_errors_have_param(server: Server) -> None:

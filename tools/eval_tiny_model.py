@@ -109,11 +109,18 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--long", type=int, default=4, help="prompts per long size (0 to skip)")
+    parser.add_argument(
+        "--dtype", default="auto", help="compute dtype, as the server's COMPUTE_DTYPE setting"
+    )
     args = parser.parse_args()
 
     from mlx_lm import load
 
+    from mlxtrio.engine.precision import apply_compute_dtype
+
     model, tokenizer = load(args.model)
+    dtype, _ = apply_compute_dtype(model, args.dtype)
+    print(f"computing in {dtype}", flush=True)
     rng = random.Random(args.seed)
     samples = [data.make_sample(rng, split="eval", long_ratio=0.05) for _ in range(args.n)]
     prompts = [

@@ -16,6 +16,7 @@ from ..engine.handle import EngineError
 from ..engine.prefix_cache import Match
 from ..engine.types import SamplingParams
 from ..http.errors import invalid_request, rate_limited, server_error
+from ..http.transport import client_domain
 from .deps import on_request_end, services
 
 
@@ -114,7 +115,9 @@ class CacheLookup:
 def lookup(
     engine: Engine, prompt: RenderedPrompt, domain: str = "", continuation: bool = False
 ) -> CacheLookup:
-    """Find (and pin until the request ends) the longest cached prefix."""
+    """Find (and pin until the request ends) the longest cached prefix within the
+    client's isolation domain (its API key) narrowed by ``domain`` (``cache_salt``)."""
+    domain = "|".join(filter(None, (client_domain(), domain)))
     match = engine.lookup(prompt.tokens, domain)
     on_request_end(lambda: engine.release(match))
     return CacheLookup(match, domain, continuation)

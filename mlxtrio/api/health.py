@@ -24,6 +24,7 @@ async def health() -> Response:
                 "state": engine.state.value,
                 "error": engine.error,
                 "load_seconds": engine.load_seconds,
+                "dtype": engine.dtype,
                 "active_sequences": engine.active_sequences,
                 "queued_requests": lane.waiting,
                 "capacity": lane.capacity,

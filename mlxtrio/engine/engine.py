@@ -27,6 +27,7 @@ from typing import Any, cast
 import trio
 
 from .handle import EngineError, GenerationHandle
+from .precision import apply_compute_dtype
 from .prefix_cache import Entry, Match, PrefixIndex
 from .types import EngineStats, GenerationEvent, GenerationStats, SamplingParams
 
@@ -70,12 +71,15 @@ class Engine:
         prefill_chunk: int,
         default_max_tokens: int,
         prefix_cache_bytes: int = 0,
+        compute_dtype: str = "model",
     ) -> None:
         self.name = name
         self.path = path
         self.capacity = capacity
         self.prefill_chunk = prefill_chunk
         self.default_max_tokens = default_max_tokens
+        self.compute_dtype_setting = compute_dtype
+        self.dtype: str | None = None  # what it computes in, once loaded
         self.state = EngineState.LOADING
         self.error: str | None = None
         self.stats = EngineStats()
@@ -259,6 +263,9 @@ class Engine:
             tuple[Any, Any, dict[str, Any]], load(self.path, return_config=True)
         )
         self.tokenizer, self.config = tokenizer, config
+        self.dtype, blas = apply_compute_dtype(model, self.compute_dtype_setting)
+        if blas:
+            log.info("model %s computes in %s on the CPU (BLAS: %s)", self.name, self.dtype, blas)
         gen = BatchGenerator(
             model,
             max_tokens=self.default_max_tokens,
@@ -270,12 +277,13 @@ class Engine:
         self.load_seconds = time.perf_counter() - started
         self.state = EngineState.READY
         log.info(
-            "model %s ready in %.2f s (%s, %d layers, context %d)",
+            "model %s ready in %.2f s (%s, %d layers, context %d, %s)",
             self.name,
             self.load_seconds,
             config.get("model_type", "?"),
             config.get("num_hidden_layers", 0),
             self.context_length,
+            self.dtype,
         )
         return gen
 

@@ -9,7 +9,7 @@ import json
 import logging
 from typing import Any
 
-from quart import Quart, Response, request
+from quart import Quart, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from .errors import ApiError, Surface
@@ -61,7 +61,8 @@ def too_large() -> ApiError:
     return ApiError(413, f"Request body too large (limit {limit} bytes)", "invalid_request_error")
 
 
-def _check_api_key(expected: str) -> None:
+def _check_api_key(keys: list[str]) -> int:
+    """The index of the key the request carries; raises a 401 ApiError."""
     supplied = request.headers.get("x-api-key")
     if supplied is None:
         auth = request.headers.get("Authorization", "")
@@ -73,12 +74,23 @@ def _check_api_key(expected: str) -> None:
             "Missing API key: send it in x-api-key or Authorization: Bearer",
             "authentication_error",
         )
-    if not hmac.compare_digest(supplied.encode(), expected.encode()):
+    # Compare with every key, so the time taken does not tell which one matched.
+    matches = [hmac.compare_digest(supplied.encode(), key.encode()) for key in keys]
+    if not any(matches):
         raise ApiError(401, "Invalid API key", "authentication_error")
+    return matches.index(True)
+
+
+def client_domain() -> str:
+    """The isolation domain of the authenticated client: with several API keys
+    configured, each key's requests share cached prefixes only among themselves."""
+    return str(g.get("client_domain", ""))
 
 
 def install(app: Quart, api_key: str) -> None:
-    """Register the hooks and error handlers on ``app``."""
+    """Register the hooks and error handlers on ``app``. ``api_key``: none, one
+    key, or several separated by commas (each its own cache isolation domain)."""
+    keys = [k.strip() for k in api_key.split(",") if k.strip()]
 
     @app.before_request
     async def _preflight_and_auth() -> Response | None:
@@ -87,8 +99,10 @@ def install(app: Quart, api_key: str) -> None:
         if request.content_length is not None and request.max_content_length is not None:
             if request.content_length > request.max_content_length:
                 return error_response(too_large())
-        if api_key and request.path not in OPEN_PATHS:
-            _check_api_key(api_key)
+        if keys and request.path not in OPEN_PATHS:
+            index = _check_api_key(keys)
+            if len(keys) > 1:
+                g.client_domain = f"key:{index}"
         return None
 
     @app.after_request

@@ -1,0 +1,100 @@
+"""Which floating-point type the engine computes in.
+
+Checkpoints ship in bfloat16 (or float16), the right type on a GPU. MLX's CPU
+backend, though, hands only float32 matrix products to the platform BLAS; half
+precision goes through its own generic loops. With a real BLAS behind it
+(Accelerate on macOS, OpenBLAS or MKL loaded into the process on Linux) float32
+prefill is 4-6x faster on the CPU than the stored bfloat16 (measured on the
+embedded model, ``benchmarks/agent_loop.py``), and it is what agent turns wait
+for. Without one (the reference BLAS bundled in the ``mlx[cpu]`` wheel) float32
+is *slower*, so ``auto`` upcasts only when it pays, and only when the float32
+weights fit well within memory.
+
+Pure functions; :func:`apply_compute_dtype` must run on the engine thread (it
+touches MLX arrays).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+from ..settings import COMPUTE_DTYPES, physical_memory
+
+CHOICES = COMPUTE_DTYPES
+
+# Libraries that give MLX's CPU backend a fast sgemm when they are in the process.
+_FAST_BLAS = ("libopenblas", "libmkl_rt", "libblis")
+
+# auto upcasts only while the float32 weights stay under this share of RAM.
+_MAX_WEIGHT_SHARE = 0.25
+
+
+def fast_cpu_blas() -> str | None:
+    """The optimised BLAS MLX's CPU backend multiplies with here, or None."""
+    if sys.platform == "darwin":
+        return "accelerate"
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    return next((name.removeprefix("lib") for name in _FAST_BLAS if name in maps), None)
+
+
+def choose_compute_dtype(
+    setting: str,
+    *,
+    stored: str,
+    on_cpu: bool,
+    blas: str | None,
+    float32_weight_bytes: int,
+    memory: int,
+) -> str | None:
+    """The dtype to cast the model's floating weights to, or None to keep ``stored``.
+
+    ``setting`` is one of :data:`CHOICES`: ``model`` keeps the stored type, a
+    type name forces it, ``auto`` picks float32 on a CPU with a fast BLAS when
+    the float32 weights take at most a quarter of ``memory``.
+    """
+    if setting not in CHOICES:
+        raise ValueError(f"compute_dtype must be one of {', '.join(CHOICES)} (got {setting!r})")
+    if setting == "model":
+        return None
+    if setting != "auto":
+        return None if setting == stored else setting
+    if stored == "float32" or not on_cpu or blas is None:
+        return None
+    if float32_weight_bytes > memory * _MAX_WEIGHT_SHARE:
+        return None
+    return "float32"
+
+
+def apply_compute_dtype(model: Any, setting: str) -> tuple[str, str | None]:
+    """Cast ``model`` in place as :func:`choose_compute_dtype` says.
+
+    Returns (the dtype it now computes in, the BLAS that motivated an ``auto``
+    upcast or None). Quantised weights are integers and stay as they are; only
+    floating parameters (norms, embeddings, quantisation scales) are cast.
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    params = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
+    floats = [v for _, v in params if mx.issubdtype(v.dtype, mx.floating)]
+    if not floats:
+        return "none", None
+    stored = str(floats[0].dtype).removeprefix("mlx.core.")
+    blas = fast_cpu_blas()
+    target = choose_compute_dtype(
+        setting,
+        stored=stored,
+        on_cpu=mx.default_device().type == mx.DeviceType.cpu,
+        blas=blas,
+        float32_weight_bytes=sum(v.size for v in floats) * 4,
+        memory=physical_memory(),
+    )
+    if target is None:
+        return stored, None
+    model.set_dtype(getattr(mx, target))
+    return target, blas if setting == "auto" else None
