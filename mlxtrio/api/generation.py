@@ -46,10 +46,10 @@ def output_budget(requested: int | None, engine: Engine, prompt: RenderedPrompt)
 
 @dataclass(frozen=True)
 class ForcedOpening:
-    """How a required tool call is enforced: the tokens the output must start
-    with, and the token after which they start (end of reasoning), if any."""
+    """How a required tool call is enforced: the texts the output must start with
+    one of, and the token after which they start (end of reasoning), if any."""
 
-    tokens: tuple[int, ...] = ()
+    openings: tuple[str, ...] = ()
     after: int | None = None
 
 
@@ -59,26 +59,36 @@ def forced_tool_call(
     """Make generation open a tool call when ``tool_choice`` requires one.
 
     The model's own tool-call marker is forced (after its reasoning, when the
-    prompt starts inside it); for the Hermes JSON format a named choice also
-    forces ``{"name": "<tool>", "arguments":`` so the model only writes the
-    arguments. Nothing is forced for models without tool calling.
+    prompt starts inside it). For the Hermes JSON format the call also starts
+    with ``{"name": "<tool>", "arguments":`` for one of the allowed tools: the
+    named one, or any offered one (the model picks by its own logits), so the
+    call always names a tool the client offered. Nothing is forced for models
+    without tool calling.
     """
     requirement, tokenizer = conversation.required_tool, engine.tokenizer
     if requirement is None or not conversation.tools or not tokenizer.has_tool_calling:
         return ForcedOpening()
-    text = tokenizer.tool_call_start
-    name = requirement.name
+    offered = [tool.name for tool in conversation.tools]
+    if requirement.name is not None and requirement.name not in offered:
+        return ForcedOpening()
+    openings = [tokenizer.tool_call_start]
     parser_module = getattr(tokenizer.tool_parser, "__module__", "")
-    if name is not None and parser_module.endswith(".json_tools"):
-        if name not in {tool.name for tool in conversation.tools}:
-            return ForcedOpening()
+    if parser_module.endswith(".json_tools"):
+        allowed = [requirement.name] if requirement.name is not None else offered
         # No trailing space: models emit ' {' as one token after the colon.
-        text += '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":'
+        openings = [
+            tokenizer.tool_call_start
+            + '{"name": '
+            + json.dumps(name, ensure_ascii=False)
+            + ', "arguments":'
+            for name in dict.fromkeys(allowed)
+        ]
     after = None
     if prompt.starts_in_reasoning and len(tokenizer.think_end_tokens or ()) == 1:
         after = tokenizer.think_end_tokens[0]
-        text = "\n\n" + text  # what templates put between </think> and the answer
-    return ForcedOpening(tuple(tokenizer.encode(text, add_special_tokens=False)), after)
+        # what templates put between </think> and the answer
+        openings = ["\n\n" + text for text in openings]
+    return ForcedOpening(tuple(openings), after)
 
 
 def reserve(engine: Engine) -> Ticket:

@@ -61,7 +61,7 @@ async def create_message() -> Response:
         top_k=request.top_k or 0,
         max_tokens=output_budget(request.max_tokens, engine, prompt),
         reasoning_budget=request.thinking_budget if prompt.starts_in_reasoning else None,
-        forced_tokens=forced.tokens,
+        forced_openings=forced.openings,
         force_after=forced.after,
     )
     cache = lookup(engine, prompt)

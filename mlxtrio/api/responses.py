@@ -82,7 +82,7 @@ async def create_response() -> Response:
         top_p=request.top_p if request.top_p is not None else 1.0,
         max_tokens=output_budget(request.max_output_tokens, turn.engine, prompt),
         seed=request.body.get("seed") if isinstance(request.body.get("seed"), int) else None,
-        forced_tokens=forced.tokens,
+        forced_openings=forced.openings,
         force_after=forced.after,
     )
     continuation = request.previous_response_id is not None

@@ -97,6 +97,7 @@ class Engine:
         self.prefix_index = PrefixIndex(prefix_cache_bytes, self._drop_snapshots)
         self._snapshots: dict[int, list[Any]] = {}  # engine thread only
         self._next_entry = 0
+        self._token_texts: Any = None  # engine thread only
 
     # ------------------------------------------------------------------
     # Trio side
@@ -324,7 +325,7 @@ class Engine:
     def _insert(self, handle: GenerationHandle) -> None:
         from mlx_lm.generate import StopSequences
 
-        from .sampling import forced_tokens_processor, reasoning_budget_processor, sampler_for
+        from .sampling import forced_text_processor, reasoning_budget_processor, sampler_for
 
         now = time.perf_counter()
         stats = GenerationStats(prompt_tokens=len(handle.prompt))
@@ -340,8 +341,10 @@ class Engine:
         end_tokens: tuple[int, ...] = tuple(getattr(self.tokenizer, "think_end_tokens", None) or ())
         if params.reasoning_budget is not None and len(end_tokens) == 1:
             processors.append(reasoning_budget_processor(params.reasoning_budget, end_tokens[0]))
-        if params.forced_tokens:
-            processors.append(forced_tokens_processor(params.forced_tokens, params.force_after))
+        if params.forced_openings:
+            processors.append(
+                forced_text_processor(params.forced_openings, params.force_after, self._vocab())
+            )
         cache, reused = self._cache_for(handle)
         stats.cached_tokens = reused
         (uid,) = self._gen.insert(
@@ -357,6 +360,14 @@ class Engine:
         self._live[uid] = seq
         self._by_handle[handle] = seq
         self.stats.submitted += 1
+
+    def _vocab(self) -> Any:
+        """Every token's text, for constrained openings; built on first use."""
+        if self._token_texts is None:
+            from .sampling import TokenTexts
+
+            self._token_texts = TokenTexts.from_tokenizer(self.tokenizer)
+        return self._token_texts
 
     def _cache_for(self, handle: GenerationHandle) -> tuple[Any, int]:
         """A private copy of the matched snapshot trimmed to the match, or (None, 0).

@@ -6,8 +6,10 @@ object, which lets ``BatchGenerator`` sample the whole batch in one call.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from functools import lru_cache
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_sampler
@@ -52,28 +54,80 @@ def sampler_for(params: SamplingParams) -> Sampler:
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 
-def _only(token: int, logits: mx.array) -> mx.array:
-    allowed = mx.arange(logits.shape[-1]) == token
+def _only(tokens: int | list[int], logits: mx.array) -> mx.array:
+    """``logits`` with every token but ``tokens`` at -inf."""
+    ids = mx.array([tokens] if isinstance(tokens, int) else tokens)
+    allowed = (mx.arange(logits.shape[-1])[:, None] == ids[None, :]).any(axis=-1)
     return mx.where(allowed, logits, mx.array(-float("inf"), dtype=logits.dtype))
 
 
-def forced_tokens_processor(tokens: tuple[int, ...], after: int | None) -> LogitsProcessor:
-    """Make the next generated tokens exactly ``tokens``: from the first step, or
-    from the step after ``after`` was generated (if it never is, nothing is forced)."""
-    state = {"step": 0, "armed": after is None, "next": 0}
+class TokenTexts:
+    """The text of every vocabulary token, indexed for the two questions a text
+    constraint asks: which tokens are a prefix of this text, and which tokens'
+    text starts with it. Built once per model, on the engine thread."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        self._exact: dict[str, list[int]] = {}
+        for token, text in enumerate(texts):
+            if text:
+                self._exact.setdefault(text, []).append(token)
+        self._sorted = sorted((text, token) for token, text in enumerate(texts) if text)
+        self._keys = [text for text, _ in self._sorted]
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> TokenTexts:
+        """Decode each token after an anchor token and strip the anchor's text, so
+        that tokenizers which drop a leading space when decoding a lone token
+        (SentencePiece) still report it."""
+        anchor = tokenizer.encode("a", add_special_tokens=False)[:1]
+        base = tokenizer.decode(anchor)
+        size = max(tokenizer.get_vocab().values()) + 1
+        decoded = tokenizer.batch_decode([anchor + [token] for token in range(size)])
+        return cls([t[len(base) :] if t.startswith(base) else "" for t in decoded])
+
+    def consistent_with(self, text: str) -> set[int]:
+        """Tokens that can come next if the output must go on with ``text``: a
+        non-empty prefix of it, or all of it and more."""
+        found = {t for i in range(1, len(text)) for t in self._exact.get(text[:i], ())}
+        at = bisect.bisect_left(self._keys, text)
+        while at < len(self._keys) and self._keys[at].startswith(text):
+            found.add(self._sorted[at][1])
+            at += 1
+        return found
+
+
+def forced_text_processor(
+    openings: tuple[str, ...], after: int | None, vocab: TokenTexts
+) -> LogitsProcessor:
+    """Make the output text start with one of ``openings``: from the first step,
+    or from the step after token ``after`` was generated (if it never is, nothing
+    is forced). Any tokenisation the model likes is allowed; where openings
+    diverge (tool names) it picks among them by its own logits. Once the output
+    covers a whole opening, or no token fits, it continues freely."""
+    state: dict[str, Any] = {"step": 0, "armed": after is None, "constrained": False}
+    produced: list[str] = []  # text generated under the constraint
 
     def process(context: mx.array, logits: mx.array) -> mx.array:
         step = state["step"]
         state["step"] = step + 1
-        if state["next"] >= len(tokens):
+        if state.get("done"):
             return logits
+        if state["constrained"]:  # the context ends with what the last step sampled
+            token = cast(int, context[-1].item())
+            produced.append(vocab.texts[token] if token < len(vocab.texts) else "")
         if not state["armed"]:
             if step == 0 or context[-1].item() != after:
                 return logits
             state["armed"] = True
-        token = tokens[state["next"]]
-        state["next"] += 1
-        return _only(token, logits)
+        text = "".join(produced)
+        rests = [o[len(text) :] for o in openings if o.startswith(text) and len(o) > len(text)]
+        allowed = set().union(*(vocab.consistent_with(rest) for rest in rests))
+        if not allowed:  # an opening is complete (or nothing fits): hands off
+            state["done"] = True
+            return logits
+        state["constrained"] = True
+        return _only(sorted(allowed), logits)
 
     return process
 

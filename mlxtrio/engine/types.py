@@ -27,10 +27,10 @@ class SamplingParams:
     # Close an open reasoning block after this many generated tokens (Anthropic
     # thinking.budget_tokens). Only for prompts that start inside reasoning.
     reasoning_budget: int | None = None
-    # Tokens the output must start with (a required tool call's opening), emitted
-    # right away or, when ``force_after`` is set, right after that token (the end
-    # of the reasoning block).
-    forced_tokens: tuple[int, ...] = ()
+    # Texts the output must start with one of (a required tool call's opening,
+    # one per allowed tool), right away or, when ``force_after`` is set, right
+    # after that token (the end of the reasoning block).
+    forced_openings: tuple[str, ...] = ()
     force_after: int | None = None
 
 
