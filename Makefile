@@ -13,14 +13,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# On Linux, MLX's CPU backend multiplies float32 matrices several times faster
-# through the system OpenBLAS (Debian/Ubuntu: apt-get install libopenblas0-pthread),
-# and with it loaded the server computes in float32 (COMPUTE_DTYPE=auto). It is
-# preloaded when present; nothing changes when it is not.
-OPENBLAS := $(firstword $(wildcard /usr/lib/*-linux-gnu/libopenblas.so.0))
-
+# On Linux the server loads the system OpenBLAS when it is installed (Debian/Ubuntu:
+# apt-get install libopenblas0-pthread) and then computes several times faster.
 run: $(STAMP)
-	$(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS) )$(BIN)/mlxtrio serve
+	$(BIN)/mlxtrio serve
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -22,8 +22,10 @@ few agent windows on one server: a cache only helps if it keeps every one of
 them warm until its next turn. ``--servers`` picks which of the three to run
 (the uncached one takes ~15 s a turn).
 
-``--openblas`` preloads Debian's OpenBLAS for every server (Linux; same setting
-for all sides).
+``--openblas`` preloads Debian's OpenBLAS for every server (Linux), so all sides
+multiply through the same BLAS. (mlxtrio loads it by itself when it is installed;
+``mlx_lm.server`` does not. ``MLXTRIO_SYSTEM_BLAS=0`` in the environment keeps
+mlxtrio on the wheel's reference BLAS too.)
 """
 
 from __future__ import annotations

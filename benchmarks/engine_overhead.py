@@ -35,6 +35,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _servers import wait_ready  # noqa: E402
 
+import mlxtrio  # noqa: E402, F401  (before MLX: the raw side gets the server's BLAS)
+
 PROMPT = "Write a long story about a server that never loses a response."
 
 

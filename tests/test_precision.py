@@ -54,13 +54,17 @@ def _detected(env: dict[str, str]) -> str:
     return out.stdout.strip()
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD is Linux's")
-def test_a_preloaded_openblas_is_detected() -> None:
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's system BLAS")
+def test_the_system_openblas_is_loaded_before_mlx() -> None:
+    """Importing mlxtrio loads the system OpenBLAS (when installed) ahead of MLX,
+    so MLX multiplies through it without LD_PRELOAD; MLXTRIO_SYSTEM_BLAS=0 opts out."""
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    assert _detected(env) == "None"  # the mlx[cpu] wheel's own reference BLAS
-    openblas = sorted(glob.glob("/usr/lib/*-linux-gnu/libopenblas.so.0"))
-    if openblas:  # Debian's libopenblas0-pthread, as `make run` preloads it
-        assert _detected({**env, "LD_PRELOAD": openblas[0]}) == "openblas"
+    assert _detected({**env, "MLXTRIO_SYSTEM_BLAS": "0"}) == "None"  # the wheel's own BLAS
+    installed = sorted(glob.glob("/usr/lib/*-linux-gnu/libopenblas.so.0"))
+    expected = "openblas" if installed else "None"
+    assert _detected({**env, "MLXTRIO_SYSTEM_BLAS": "auto"}) == expected
+    if installed:  # an explicit path works too
+        assert _detected({**env, "MLXTRIO_SYSTEM_BLAS": installed[0]}) == "openblas"
 
 
 @pytest.mark.skipif(sys.platform != "darwin", reason="macOS only")
