@@ -258,12 +258,18 @@ class Engine:
         from mlx_lm import load
         from mlx_lm.generate import BatchGenerator
 
+        from .sampling import TokenTexts
+
         log.info("loading model %s from %s", self.name, self.path)
         started = time.perf_counter()
         model, tokenizer, config = cast(
             tuple[Any, Any, dict[str, Any]], load(self.path, return_config=True)
         )
         self.tokenizer, self.config = tokenizer, config
+        if getattr(tokenizer, "has_tool_calling", False):
+            # Built now rather than at the first required tool choice, which would
+            # stall every running sequence while a large vocabulary is decoded.
+            self._token_texts = TokenTexts.from_tokenizer(tokenizer)
         self.dtype, blas = apply_compute_dtype(model, self.compute_dtype_setting)
         if blas:
             log.info("model %s computes in %s on the CPU (BLAS: %s)", self.name, self.dtype, blas)
