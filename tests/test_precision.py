@@ -37,6 +37,12 @@ def test_auto_keeps_the_stored_type_where_float32_does_not_pay() -> None:
     assert choose(stored="float32") is None
 
 
+def test_auto_upcasts_a_quantised_model_on_any_cpu() -> None:
+    """MLX's quantised kernels do not use the BLAS; in float32 they are faster."""
+    assert choose(blas=None, quantized=True) == "float32"
+    assert choose(on_cpu=False, quantized=True) is None
+
+
 def test_explicit_settings_win() -> None:
     assert choose("model") is None
     assert choose("float32", on_cpu=False, blas=None) == "float32"
@@ -70,3 +76,40 @@ def test_the_system_openblas_is_loaded_before_mlx() -> None:
 @pytest.mark.skipif(sys.platform != "darwin", reason="macOS only")
 def test_macos_always_has_accelerate() -> None:
     assert fast_cpu_blas() == "accelerate"
+
+
+async def test_a_quantised_model_is_served_in_float32(tmp_path) -> None:
+    """A 4-bit copy of the embedded model, through mlx-lm's own converter and the
+    real engine: ``auto`` computes it in float32 on the CPU, with or without a
+    fast BLAS, and it generates."""
+    import mlx.core as mx
+    from mlx_lm import convert
+
+    from mlxtrio.engine.engine import Engine
+    from mlxtrio.engine.types import SamplingParams
+    from mlxtrio.settings import EMBEDDED_MODEL_PATH
+
+    path = tmp_path / "tiny-4bit"
+    convert(str(EMBEDDED_MODEL_PATH), str(path), quantize=True, q_group_size=64, q_bits=4)
+    engine = Engine(
+        "q4",
+        str(path),
+        capacity=1,
+        prefill_chunk=64,
+        default_max_tokens=16,
+        compute_dtype="auto",
+    )
+    await engine.start()
+    try:
+        prompt = engine.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Hello!"}], add_generation_prompt=True
+        )
+        tokens: list[int] = []
+        async with engine.submit(prompt, SamplingParams(max_tokens=8)) as handle:
+            async for event in handle:
+                tokens.extend(event.token_ids)
+    finally:
+        await engine.stop(1)
+    on_cpu = mx.default_device().type == mx.DeviceType.cpu  # a Mac's GPU keeps bfloat16
+    assert engine.dtype == ("float32" if on_cpu else "bfloat16")
+    assert tokens

@@ -270,9 +270,9 @@ class Engine:
             # Built now rather than at the first required tool choice, which would
             # stall every running sequence while a large vocabulary is decoded.
             self._token_texts = TokenTexts.from_tokenizer(tokenizer)
-        self.dtype, blas = apply_compute_dtype(model, self.compute_dtype_setting)
-        if blas:
-            log.info("model %s computes in %s on the CPU (BLAS: %s)", self.name, self.dtype, blas)
+        self.dtype, why = apply_compute_dtype(model, self.compute_dtype_setting)
+        if why:
+            log.info("model %s computes in %s on the CPU (%s)", self.name, self.dtype, why)
         gen = BatchGenerator(
             model,
             max_tokens=self.default_max_tokens,
