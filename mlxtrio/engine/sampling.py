@@ -57,8 +57,11 @@ LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 def _only(tokens: int | list[int], logits: mx.array) -> mx.array:
     """``logits`` with every token but ``tokens`` at -inf."""
     ids = mx.array([tokens] if isinstance(tokens, int) else tokens)
-    allowed = (mx.arange(logits.shape[-1])[:, None] == ids[None, :]).any(axis=-1)
-    return mx.where(allowed, logits, mx.array(-float("inf"), dtype=logits.dtype))
+    # A scatter, not a (vocabulary x allowed) comparison: 0.2 ms instead of 14 ms
+    # on a 152k vocabulary.
+    out = mx.full(logits.shape, -float("inf"), dtype=logits.dtype)
+    out[..., ids] = logits[..., ids]
+    return out
 
 
 class TokenTexts:
