@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mlxtrio.engine.precision import choose_compute_dtype, fast_cpu_blas
+from mlxtrio.engine.precision import choose_compute_dtype, fast_cpu_blas, missing_blas_hint
 
 GIB = 1 << 30
 
@@ -71,6 +71,17 @@ def test_the_system_openblas_is_loaded_before_mlx() -> None:
     assert _detected({**env, "MLXTRIO_SYSTEM_BLAS": "auto"}) == expected
     if installed:  # an explicit path works too
         assert _detected({**env, "MLXTRIO_SYSTEM_BLAS": installed[0]}) == "openblas"
+
+
+def test_a_linux_cpu_without_openblas_gets_a_hint() -> None:
+    # float32 already, or a GPU: nothing to say
+    assert missing_blas_hint("float32", on_cpu=True) is None
+    assert missing_blas_hint("bfloat16", on_cpu=False) is None
+    hint = missing_blas_hint("bfloat16", on_cpu=True)
+    if sys.platform.startswith("linux") and fast_cpu_blas() is None:
+        assert hint is not None and "apt-get install libopenblas0-pthread" in hint
+    else:
+        assert hint is None
 
 
 @pytest.mark.skipif(sys.platform != "darwin", reason="macOS only")

@@ -27,7 +27,7 @@ from typing import Any, cast
 import trio
 
 from .handle import EngineError, GenerationHandle
-from .precision import apply_compute_dtype
+from .precision import apply_compute_dtype, missing_blas_hint
 from .prefix_cache import Entry, Match, PrefixIndex
 from .types import EngineStats, GenerationEvent, GenerationStats, SamplingParams
 
@@ -255,6 +255,7 @@ class Engine:
                 gen.close()
 
     def _load(self) -> Any:
+        import mlx.core as mx
         from mlx_lm import load
         from mlx_lm.generate import BatchGenerator
 
@@ -273,6 +274,9 @@ class Engine:
         self.dtype, why = apply_compute_dtype(model, self.compute_dtype_setting)
         if why:
             log.info("model %s computes in %s on the CPU (%s)", self.name, self.dtype, why)
+        on_cpu = mx.default_device().type == mx.DeviceType.cpu
+        if hint := missing_blas_hint(self.dtype, on_cpu):
+            log.warning("%s", hint)
         gen = BatchGenerator(
             model,
             max_tokens=self.default_max_tokens,

@@ -75,6 +75,19 @@ def choose_compute_dtype(
     return "float32"
 
 
+def missing_blas_hint(dtype: str, on_cpu: bool) -> str | None:
+    """What to tell a Linux user whose model computes slowly for want of a BLAS."""
+    if dtype == "float32" or not on_cpu or not sys.platform.startswith("linux"):
+        return None
+    if fast_cpu_blas() is not None:
+        return None
+    return (
+        "MLX computes this model several times faster on the CPU with the system "
+        "OpenBLAS, which mlxtrio loads when it is installed "
+        "(Debian/Ubuntu: apt-get install libopenblas0-pthread)"
+    )
+
+
 def apply_compute_dtype(model: Any, setting: str) -> tuple[str, str | None]:
     """Cast ``model`` in place as :func:`choose_compute_dtype` says.
 
