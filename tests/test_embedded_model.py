@@ -18,6 +18,7 @@ import json
 
 import anthropic
 import openai
+import pytest
 
 from .conftest import MODEL, Server
 
@@ -190,36 +191,29 @@ async def test_required_tool_choice_forces_a_call_on_a_plain_request(server: Ser
     assert isinstance(json.loads(calls[0].arguments), dict)
 
 
-async def test_any_tool_choice_names_an_offered_tool_after_thinking(server: Server) -> None:
+@pytest.mark.parametrize(
+    ("choice", "question", "allowed"),
+    [
+        # any: a greeting needs no tool, yet the call must name an offered one
+        ({"type": "any"}, "Hello there!", {FORECAST["name"], RUN["name"]}),
+        # named: a weather question, yet the call must be the named tool
+        ({"type": "tool", "name": RUN["name"]}, "What's the weather in Oslo?", {RUN["name"]}),
+    ],
+)
+async def test_required_tool_choice_after_thinking_names_an_allowed_tool(
+    server: Server, choice: dict, question: str, allowed: set[str]
+) -> None:
     async with claude(server) as client:
         reply = await client.messages.create(
             model="claude-sonnet-4-5",
             max_tokens=256,
             thinking={"type": "enabled", "budget_tokens": 1024},
             tools=ANTHROPIC_TOOLS,
-            tool_choice={"type": "any"},
-            messages=[{"role": "user", "content": "Hello there!"}],
+            tool_choice=choice,  # type: ignore[arg-type]
+            messages=[{"role": "user", "content": question}],
         )
     assert reply.content[0].type == "thinking"
     tool_uses = [block for block in reply.content if block.type == "tool_use"]
-    assert tool_uses and tool_uses[0].name in (FORECAST["name"], RUN["name"])
-    assert isinstance(tool_uses[0].input, dict)
-    assert reply.stop_reason == "tool_use"
-
-
-async def test_named_tool_choice_calls_that_tool_after_thinking(server: Server) -> None:
-    async with claude(server) as client:
-        reply = await client.messages.create(
-            model="claude-sonnet-4-5",
-            max_tokens=256,
-            thinking={"type": "enabled", "budget_tokens": 1024},
-            tools=ANTHROPIC_TOOLS,
-            tool_choice={"type": "tool", "name": "terminal_exec"},
-            messages=[{"role": "user", "content": "What's the weather in Oslo?"}],
-        )
-    kinds = [block.type for block in reply.content]
-    assert kinds[0] == "thinking"
-    tool_uses = [block for block in reply.content if block.type == "tool_use"]
-    assert [block.name for block in tool_uses] == ["terminal_exec"]
+    assert len(tool_uses) == 1 and tool_uses[0].name in allowed
     assert isinstance(tool_uses[0].input, dict)
     assert reply.stop_reason == "tool_use"
