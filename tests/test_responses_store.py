@@ -284,6 +284,69 @@ async def test_chain_survives_a_restart(scripted_model_path, tmp_path: Path) -> 
     assert second.instructions == "Rules."
 
 
+async def test_stored_responses_belong_to_their_api_key(server_factory, scripted_model_path):
+    """With several keys, another key's response is as good as absent: reading,
+    listing its input, deleting and continuing it all answer 404."""
+    server = await server_factory(model=scripted_model_path, model_name=SCRIPTED, api_key="a,b")
+
+    def client(key: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+
+    async with client("a") as a, client("b") as b:
+        first = await a.responses.create(model=SCRIPTED, input="Weather?", tools=[WEATHER])
+        output = {
+            "type": "function_call_output",
+            "call_id": first.output[0].call_id,
+            "output": "sunny",
+        }
+        for attempt in (
+            b.responses.retrieve(first.id),
+            b.responses.input_items.list(first.id),
+            b.responses.delete(first.id),
+            b.responses.create(model=SCRIPTED, previous_response_id=first.id, input=[output]),
+        ):
+            with pytest.raises(openai.NotFoundError):
+                await attempt
+        assert (await a.responses.retrieve(first.id)).id == first.id
+        second = await a.responses.create(
+            model=SCRIPTED, previous_response_id=first.id, input=[output]
+        )
+    assert second.output_text == "It is sunny."
+
+
+async def test_a_store_from_before_owners_upgrades_in_place(tmp_path: Path) -> None:
+    """Alembic 0001 -> head on a real SQLite file: old rows belong to owner ""."""
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import create_engine
+
+    from mlxtrio.store.schema import Base
+    from mlxtrio.store.store import MIGRATIONS, ResponseStore, sqlite_url
+
+    url = sqlite_url(tmp_path / "old.db")
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    with create_engine(url).begin() as connection:
+        config.attributes["connection"] = connection
+        config.attributes["target_metadata"] = Base.metadata
+        command.upgrade(config, "0001")
+    db = sqlite3.connect(tmp_path / "old.db")
+    db.execute(
+        "INSERT INTO mlxtrio_responses VALUES ('resp_old', NULL, 1, 4102444800, 'm', "
+        "'completed', NULL, '[]', '[]', '{\"id\": \"resp_old\"}')"
+    )
+    db.commit()
+    db.close()
+
+    store = ResponseStore(url)
+    await store.open()  # upgrades to head
+    try:
+        record = await store.get("resp_old")
+    finally:
+        await store.close()
+    assert record is not None and record.owner == "" and record.response["id"] == "resp_old"
+
+
 async def test_store_fault_still_delivers_output(
     server_factory, scripted_model_path, tmp_path: Path
 ) -> None:

@@ -39,7 +39,7 @@ from ..engine.engine import Engine
 from ..engine.types import SamplingParams
 from ..http.errors import ApiError, invalid_request, not_found, unavailable
 from ..http.sse import SSE_HEADERS, EventSink, EventStream
-from ..http.transport import read_json_body
+from ..http.transport import client_domain, read_json_body
 from ..protocol.openai_responses import ResponseObject, TextConfig, new_id
 from ..store import StoredResponse, StoreError
 from .deps import request_nursery, resolve_engine, services
@@ -69,6 +69,7 @@ class Turn:
     conversation: Conversation
     delta: list[Message]  # what this turn adds to the stored chain
     instructions: str | None  # effective (inherited on continuations)
+    owner: str  # the client's domain: who may read and continue it
 
 
 @blueprint.route("/v1/responses", methods=["POST"])
@@ -146,7 +147,7 @@ async def prepare(request: ResponsesRequest) -> Turn:
     conversation = Conversation(
         messages, offered_tools(request), request.thinking, required_tool(request)
     )
-    return Turn(request, engine, conversation, delta, instructions)
+    return Turn(request, engine, conversation, delta, instructions, client_domain())
 
 
 async def _load_chain(response_id: str) -> list[StoredResponse]:
@@ -158,7 +159,7 @@ async def _load_chain(response_id: str) -> list[StoredResponse]:
         raise ApiError(
             500, f"Failed to retrieve previous response: {exc}", "server_error"
         ) from None
-    if not chain:
+    if not chain or chain[-1].owner != client_domain():  # another key's: as if absent
         raise not_found(f'Previous response "{response_id}" not found or expired')
     return chain
 
@@ -216,6 +217,7 @@ async def persist(turn: Turn, response: ResponseObject) -> None:
         input_messages=[m.to_json() for m in turn.delta],
         input_items=input_items(turn.request.items),
         response=response.wire(),
+        owner=turn.owner,
     )
     timeout = svc.settings.store_write_timeout
     # The store rolls back a write that misses its deadline; the extra second
@@ -306,7 +308,7 @@ async def _stored(response_id: str) -> StoredResponse:
         record = await store.get(response_id)
     except StoreError as exc:
         raise ApiError(500, f"Failed to read the response store: {exc}", "server_error") from None
-    if record is None:
+    if record is None or record.owner != client_domain():  # another key's: as if absent
         raise not_found(f'Response "{response_id}" not found or expired')
     return record
 

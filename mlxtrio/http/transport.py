@@ -4,6 +4,7 @@ trace, never a 500 for a client's mistake)."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import logging
@@ -82,8 +83,10 @@ def _check_api_key(keys: list[str]) -> int:
 
 
 def client_domain() -> str:
-    """The isolation domain of the authenticated client: with several API keys
-    configured, each key's requests share cached prefixes only among themselves."""
+    """The authenticated client's isolation domain: with several API keys
+    configured, a digest of the key (stable across restarts and reorderings,
+    never the key itself), else "". Cached prefixes are shared and stored
+    responses are visible only within a domain."""
     return str(g.get("client_domain", ""))
 
 
@@ -100,9 +103,9 @@ def install(app: Quart, api_key: str) -> None:
             if request.content_length > request.max_content_length:
                 return error_response(too_large())
         if keys and request.path not in OPEN_PATHS:
-            index = _check_api_key(keys)
+            key = keys[_check_api_key(keys)]
             if len(keys) > 1:
-                g.client_domain = f"key:{index}"
+                g.client_domain = "key:" + hashlib.sha256(key.encode()).hexdigest()[:24]
         return None
 
     @app.after_request

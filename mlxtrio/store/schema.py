@@ -27,5 +27,8 @@ class ResponseRow(Base):
     input_items: Mapped[str] = mapped_column(Text)
     # The full response object (JSON), for GET /v1/responses/{id}.
     response: Mapped[str] = mapped_column(Text)
+    # The client (API key) that created it; "" with one key or none. Only the
+    # owner may read, continue or delete it.
+    owner: Mapped[str] = mapped_column(String(64), default="", server_default="")
 
     __table_args__ = (Index("ix_mlxtrio_responses_expires_at", "expires_at"),)

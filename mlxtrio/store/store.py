@@ -52,6 +52,7 @@ class StoredResponse:
     input_messages: list[dict[str, Any]]
     input_items: list[dict[str, Any]]
     response: dict[str, Any]
+    owner: str = ""
 
     # Fields stored as JSON text; every other field maps to its column as is.
     JSON_FIELDS = ("input_messages", "input_items", "response")
