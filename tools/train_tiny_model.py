@@ -502,6 +502,7 @@ def main() -> None:
     warmup_stream = batches(warm, 4096, rng) if args.copy_warmup else None
     probe = NameProbe(tokenizer, eos, args.seed + 7)
     seen, loss_avg, t0 = 0, None, time.monotonic()
+    last_at = t0  # time of the last progress line
     for step in range(1, args.steps + 1):
         if warmup_stream is not None and step <= args.copy_warmup:
             ids, targets, weights = collate(warm, next(warmup_stream))
@@ -524,9 +525,12 @@ def main() -> None:
             elapsed = time.monotonic() - t0
             print(
                 f"step {step}/{args.steps} loss {loss_avg:.4f} lr {schedule.get_last_lr()[0]:.2e} "
-                f"{seen / elapsed:.0f} tok/s, {elapsed / 60:.1f} min",
+                f"{seen / elapsed:.0f} tok/s, {elapsed / 60:.1f} min "
+                # from the recent pace: warm-up steps are cheaper than chat steps
+                f"(about {(time.monotonic() - last_at) / 50 * (args.steps - step) / 60:.0f} min left)",
                 flush=True,
             )
+            last_at = time.monotonic()
         if step % args.probe_every == 0 or step == args.steps:
             model.eval()
             print(probe(model), flush=True)
