@@ -37,7 +37,9 @@ bench: $(STAMP)
 model: $(STAMP)
 	$(BIN)/python tools/build_embedded_model.py --seed 0
 
-# Train the embedded model (PyTorch on the CPU, about 50 minutes on 2 cores),
+# Train the embedded model (PyTorch on the CPU: about 50 minutes on the 2-core
+# machine it was trained on, far longer on CPUs without native bfloat16; see the
+# README),
 # then evaluate it on held-out prompts. Reproducible from the seed.
 train: $(STAMP)
 	$(BIN)/python -m pip install --quiet 'torch==2.13.0' safetensors
