@@ -66,7 +66,7 @@ def raw_decode_tps(model_path: str, tokens: int, runs: int) -> float:
 
     model, tokenizer = load(model_path)
     # The server's default (auto) compute dtype, so both sides do the same arithmetic.
-    dtype, _ = apply_compute_dtype(model, "auto")
+    dtype = apply_compute_dtype(model, "auto").dtype
     print(f"raw mlx-lm computes in {dtype}", flush=True)
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": PROMPT}], add_generation_prompt=True

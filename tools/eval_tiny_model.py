@@ -119,7 +119,7 @@ def main() -> None:
     from mlxtrio.engine.precision import apply_compute_dtype
 
     model, tokenizer = load(args.model)
-    dtype, _ = apply_compute_dtype(model, args.dtype)
+    dtype = apply_compute_dtype(model, args.dtype).dtype
     print(f"computing in {dtype}", flush=True)
     rng = random.Random(args.seed)
     samples = [data.make_sample(rng, split="eval", long_ratio=0.05) for _ in range(args.n)]

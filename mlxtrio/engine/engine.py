@@ -27,7 +27,7 @@ from typing import Any, cast
 import trio
 
 from .handle import EngineError, GenerationHandle
-from .precision import apply_compute_dtype, missing_blas_hint
+from .precision import apply_compute_dtype
 from .prefix_cache import Entry, Match, PrefixIndex
 from .types import EngineStats, GenerationEvent, GenerationStats, SamplingParams
 
@@ -255,7 +255,6 @@ class Engine:
                 gen.close()
 
     def _load(self) -> Any:
-        import mlx.core as mx
         from mlx_lm import load
         from mlx_lm.generate import BatchGenerator
 
@@ -271,12 +270,17 @@ class Engine:
             # Built now rather than at the first required tool choice, which would
             # stall every running sequence while a large vocabulary is decoded.
             self._token_texts = TokenTexts.from_tokenizer(tokenizer)
-        self.dtype, why = apply_compute_dtype(model, self.compute_dtype_setting)
-        if why:
-            log.info("model %s computes in %s on the CPU (%s)", self.name, self.dtype, why)
-        on_cpu = mx.default_device().type == mx.DeviceType.cpu
-        if hint := missing_blas_hint(self.dtype, on_cpu):
-            log.warning("%s", hint)
+        precision = apply_compute_dtype(model, self.compute_dtype_setting)
+        self.dtype = precision.dtype
+        if precision.upcast_reason:
+            log.info(
+                "model %s computes in %s on the CPU (%s)",
+                self.name,
+                self.dtype,
+                precision.upcast_reason,
+            )
+        if precision.hint:
+            log.warning("%s", precision.hint)
         gen = BatchGenerator(
             model,
             max_tokens=self.default_max_tokens,

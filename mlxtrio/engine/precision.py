@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from ..settings import COMPUTE_DTYPES, physical_memory
-
-CHOICES = COMPUTE_DTYPES
 
 # Libraries that give MLX's CPU backend a fast sgemm when they are in the process.
 _FAST_BLAS = ("libopenblas", "libmkl_rt", "libblis")
@@ -57,13 +55,15 @@ def choose_compute_dtype(
 ) -> str | None:
     """The dtype to cast the model's floating weights to, or None to keep ``stored``.
 
-    ``setting`` is one of :data:`CHOICES`: ``model`` keeps the stored type, a
+    ``setting`` is one of ``COMPUTE_DTYPES``: ``model`` keeps the stored type, a
     type name forces it, ``auto`` picks float32 on a CPU with a fast BLAS or for
     a quantised model, when the float32 (floating) weights take at most a quarter
     of ``memory``.
     """
-    if setting not in CHOICES:
-        raise ValueError(f"compute_dtype must be one of {', '.join(CHOICES)} (got {setting!r})")
+    if setting not in COMPUTE_DTYPES:
+        raise ValueError(
+            f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)} (got {setting!r})"
+        )
     if setting == "model":
         return None
     if setting != "auto":
@@ -75,11 +75,15 @@ def choose_compute_dtype(
     return "float32"
 
 
-def missing_blas_hint(dtype: str, on_cpu: bool) -> str | None:
-    """What to tell a Linux user whose model computes slowly for want of a BLAS."""
+_DETECT = "detect"
+
+
+def missing_blas_hint(dtype: str, on_cpu: bool, blas: str | None = _DETECT) -> str | None:
+    """What to tell a Linux user whose model computes slowly for want of a BLAS
+    (``blas``: what :func:`fast_cpu_blas` found, if the caller asked already)."""
     if dtype == "float32" or not on_cpu or not sys.platform.startswith("linux"):
         return None
-    if fast_cpu_blas() is not None:
+    if (fast_cpu_blas() if blas == _DETECT else blas) is not None:
         return None
     return (
         "MLX computes this model several times faster on the CPU with the system "
@@ -88,12 +92,17 @@ def missing_blas_hint(dtype: str, on_cpu: bool) -> str | None:
     )
 
 
-def apply_compute_dtype(model: Any, setting: str) -> tuple[str, str | None]:
+class Precision(NamedTuple):
+    dtype: str  # what the model now computes in
+    upcast_reason: str | None  # why auto chose float32: the BLAS's name or "quantized"
+    hint: str | None  # how to make it faster (see missing_blas_hint)
+
+
+def apply_compute_dtype(model: Any, setting: str) -> Precision:
     """Cast ``model`` in place as :func:`choose_compute_dtype` says.
 
-    Returns (the dtype it now computes in, what motivated an ``auto`` upcast — the
-    BLAS's name or "quantized" — or None). Quantised weights are integers and stay as they are; only
-    floating parameters (norms, embeddings, quantisation scales) are cast.
+    Quantised weights are integers and stay as they are; only floating
+    parameters (norms, embeddings, quantisation scales) are cast.
     """
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -102,21 +111,21 @@ def apply_compute_dtype(model: Any, setting: str) -> tuple[str, str | None]:
     floats = [v for _, v in params if mx.issubdtype(v.dtype, mx.floating)]
     quantized = any(v.dtype == mx.uint32 for _, v in params)  # packed quantised weights
     if not floats:
-        return "none", None
+        return Precision("none", None, None)
     stored = str(floats[0].dtype).removeprefix("mlx.core.")
     blas = fast_cpu_blas()
+    on_cpu = mx.default_device().type == mx.DeviceType.cpu
     target = choose_compute_dtype(
         setting,
         stored=stored,
-        on_cpu=mx.default_device().type == mx.DeviceType.cpu,
+        on_cpu=on_cpu,
         blas=blas,
         float32_weight_bytes=sum(v.size for v in floats) * 4,
         memory=physical_memory(),
         quantized=quantized,
     )
     if target is None:
-        return stored, None
+        return Precision(stored, None, missing_blas_hint(stored, on_cpu, blas))
     model.set_dtype(getattr(mx, target))
-    if setting != "auto":
-        return target, None
-    return target, blas or "quantized"
+    reason = (blas or "quantized") if setting == "auto" else None
+    return Precision(target, reason, missing_blas_hint(target, on_cpu, blas))

@@ -108,13 +108,18 @@ def forced_text_processor(
     is forced). Any tokenisation the model likes is allowed; where openings
     diverge (tool names) it picks among them by its own logits. Once the output
     covers a whole opening, or no token fits, it continues freely."""
-    state: dict[str, Any] = {"step": 0, "armed": after is None, "constrained": False}
+    state: dict[str, Any] = {
+        "step": 0,
+        "armed": after is None,
+        "constrained": False,
+        "done": False,
+    }
     produced: list[str] = []  # text generated under the constraint
 
     def process(context: mx.array, logits: mx.array) -> mx.array:
         step = state["step"]
         state["step"] = step + 1
-        if state.get("done"):
+        if state["done"]:
             return logits
         if state["constrained"]:  # the context ends with what the last step sampled
             token = cast(int, context[-1].item())

@@ -62,8 +62,8 @@ def too_large() -> ApiError:
     return ApiError(413, f"Request body too large (limit {limit} bytes)", "invalid_request_error")
 
 
-def _check_api_key(keys: list[str]) -> int:
-    """The index of the key the request carries; raises a 401 ApiError."""
+def _check_api_key(keys: list[str]) -> str:
+    """The key the request carries; raises a 401 ApiError."""
     supplied = request.headers.get("x-api-key")
     if supplied is None:
         auth = request.headers.get("Authorization", "")
@@ -79,7 +79,7 @@ def _check_api_key(keys: list[str]) -> int:
     matches = [hmac.compare_digest(supplied.encode(), key.encode()) for key in keys]
     if not any(matches):
         raise ApiError(401, "Invalid API key", "authentication_error")
-    return matches.index(True)
+    return keys[matches.index(True)]
 
 
 def client_domain() -> str:
@@ -94,6 +94,8 @@ def install(app: Quart, api_key: str) -> None:
     """Register the hooks and error handlers on ``app``. ``api_key``: none, one
     key, or several separated by commas (each its own cache isolation domain)."""
     keys = [k.strip() for k in api_key.split(",") if k.strip()]
+    # Computed once, not per request.
+    domains = {k: "key:" + hashlib.sha256(k.encode()).hexdigest()[:24] for k in keys}
 
     @app.before_request
     async def _preflight_and_auth() -> Response | None:
@@ -103,9 +105,9 @@ def install(app: Quart, api_key: str) -> None:
             if request.content_length > request.max_content_length:
                 return error_response(too_large())
         if keys and request.path not in OPEN_PATHS:
-            key = keys[_check_api_key(keys)]
+            key = _check_api_key(keys)
             if len(keys) > 1:
-                g.client_domain = "key:" + hashlib.sha256(key.encode()).hexdigest()[:24]
+                g.client_domain = domains[key]
         return None
 
     @app.after_request
