@@ -1,26 +1,41 @@
 """Logits processors, driven step by step the way ``BatchGenerator`` calls them:
 ``(token context, logits)`` once per decode step, the context ending with the
-token sampled at the previous step (the last prompt token at step 0)."""
+token sampled at the previous step (the last prompt token at step 0).
+
+Each test runs twice: with the processor reading every token off the device, and
+with the engine's host view one step behind (``seen``), as the server runs them.
+"""
 
 from __future__ import annotations
 
 import mlx.core as mx
+import pytest
 
-from mlxtrio.engine.sampling import (
-    TokenTexts,
-    forced_text_processor,
-    reasoning_budget_processor,
-)
+from mlxtrio.engine.constraints import OpeningConstraint, ReasoningBudget, TokenTexts
 
 VOCAB = 24
 
 
+SEEN: list[int] | None = None  # the host view of the processors being driven
+
+
+@pytest.fixture(autouse=True, params=["device", "host"])
+def host_view(request: pytest.FixtureRequest):
+    global SEEN
+    SEEN = [] if request.param == "host" else None
+    yield
+    SEEN = None
+
+
 def drive(process, script: list[int | None], prompt_last: int = 0) -> list[int]:
     """Greedy-decode with ``process``; the model "wants" ``script[i]`` at step i
-    (``None``: no preference). Returns the tokens actually produced."""
+    (``None``: no preference). Returns the tokens actually produced. The host
+    view lags one token, as the engine's does."""
     produced: list[int] = []
     context = [prompt_last]
     for wanted in script:
+        if SEEN is not None:
+            SEEN[:] = produced[:-1]
         logits = mx.zeros((VOCAB,))
         if wanted is not None:
             logits = mx.where(mx.arange(VOCAB) == wanted, 5.0, 0.0)
@@ -51,8 +66,8 @@ LT, OPEN, QUOTE, COLON, X, XY, Y, ZZ, Z, BANG, WHOLE, CAL, L_GT = (
 )
 
 
-def forced(openings: tuple[str, ...], after: int | None = None):
-    return forced_text_processor(openings, after, VOCAB_TEXTS)
+def forced(openings: tuple[str, ...], after: int | None = None, repeat: bool = False):
+    return OpeningConstraint(openings, after, VOCAB_TEXTS, repeat, seen=SEEN)
 
 
 def test_forced_text_comes_first_then_the_model_continues() -> None:
@@ -90,8 +105,22 @@ def test_a_prompt_ending_in_the_trigger_does_not_arm_it() -> None:
     assert drive(forced(("<call>",), after=3), [1, 2], prompt_last=3) == [1, 2]
 
 
+def test_a_repeating_constraint_applies_after_every_marker() -> None:
+    # OPEN plays the tool-call marker; each call must name "x" or "zz"
+    guard = forced(("x!", "zz!"), OPEN, repeat=True)
+    # free text, then a call naming an unoffered "y": redirected to "x!"
+    # (the model's next choice, 2, comes after); a second call gets "zz!"
+    script = [1, OPEN, Y, 1, 2, OPEN, ZZ, 1, 3]
+    assert drive(guard, script) == [1, OPEN, X, BANG, 2, OPEN, ZZ, BANG, 3]
+
+
+def test_a_single_constraint_is_spent_after_its_first_opening() -> None:
+    once = forced(("x!",), OPEN)
+    assert drive(once, [OPEN, X, BANG, OPEN, Y, 1]) == [OPEN, X, BANG, OPEN, Y, 1]
+
+
 def test_reasoning_budget_then_forced_call_compose() -> None:
-    budget = reasoning_budget_processor(2, think_end_id=3)
+    budget = ReasoningBudget(2, think_end_id=3, seen=SEEN)
     opening = forced(("<call>",), after=3)
 
     def both(context: mx.array, logits: mx.array) -> mx.array:
@@ -102,3 +131,24 @@ def test_reasoning_budget_then_forced_call_compose() -> None:
     assert drive(both, [1, 1, 1, 1, 1, 1]) == [1, 1, 3, LT, 3, 1]  # "<" "c" "a" ...
     # ... until nothing in this toy vocabulary spells "ll>": then it hands off
     # (real vocabularies have every single character, so an opening completes)
+
+
+def test_free_running_steps_do_not_wait_on_the_device(monkeypatch, host_view) -> None:
+    """With the host view, only the steps that steer a call read the pending token."""
+    from mlxtrio.engine import constraints
+
+    reads: list[int] = []
+    real = constraints._Steps.read
+
+    def counting(self, context, pending):
+        reads.append(pending)
+        return real(self, context, pending)
+
+    monkeypatch.setattr(constraints._Steps, "read", counting)
+    guard = forced(("x!",), OPEN, repeat=True)
+    assert drive(guard, [1, 2, 1, 2, OPEN, Y, 1, 2]) == [1, 2, 1, 2, OPEN, X, BANG, 2]
+    budget = ReasoningBudget(3, think_end_id=3, seen=SEEN)
+    assert drive(budget, [1, 1, 3, 1]) == [1, 1, 3, 1]
+    if SEEN is not None:
+        # only the call's two steered tokens ("x", "!"), one at a time
+        assert reads == [1, 1]

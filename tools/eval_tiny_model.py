@@ -33,8 +33,11 @@ from mlxtrio.engine.output import OutputParser  # noqa: E402
 from mlxtrio.settings import EMBEDDED_MODEL_PATH  # noqa: E402
 
 
-def generate_all(model, tokenizer, prompts: list[list[int]], max_tokens: int, batch: int = 8):
-    """Greedy outputs: list of (token ids, finish reason)."""
+def generate_all(
+    model, tokenizer, prompts: list[list[int]], max_tokens: int, batch: int = 8, processors=None
+):
+    """Greedy outputs: list of (token ids, finish reason); ``processors``: one
+    list of logits processors per prompt."""
     from mlx_lm.generate import BatchGenerator
 
     results: dict[int, list[int]] = {}
@@ -47,7 +50,7 @@ def generate_all(model, tokenizer, prompts: list[list[int]], max_tokens: int, ba
         prefill_batch_size=batch,
         prefill_step_size=1024,
     )
-    uids = gen.insert(prompts, [max_tokens] * len(prompts))
+    uids = gen.insert(prompts, [max_tokens] * len(prompts), logits_processors=processors)
     index = {uid: i for i, uid in enumerate(uids)}
     for uid in uids:
         results[uid] = []
@@ -62,6 +65,25 @@ def generate_all(model, tokenizer, prompts: list[list[int]], max_tokens: int, ba
     for uid, i in index.items():
         out[i] = (results[uid], reasons.get(uid, "length"))
     return out
+
+
+def name_guard(tokenizer, tools) -> list:
+    """The server's constraint for a prompt offering ``tools``: every call it
+    opens names one of them (see ``mlxtrio.api.generation``)."""
+    from mlxtrio.engine.constraints import OpeningConstraint, TokenTexts, hermes_openings
+
+    global _VOCAB
+    if not tools:
+        return []
+    if _VOCAB is None:
+        _VOCAB = TokenTexts.from_tokenizer(tokenizer)
+    openings = hermes_openings([t["function"]["name"] for t in tools])
+    (marker,) = tokenizer.encode(tokenizer.tool_call_start, add_special_tokens=False)
+    spellings = tuple(tuple(tokenizer.encode(o, add_special_tokens=False)) for o in openings)
+    return [OpeningConstraint(openings, marker, _VOCAB, True, spellings)]
+
+
+_VOCAB = None
 
 
 def parse(tokenizer, sample: data.Sample, ids: list[int]):
@@ -110,6 +132,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--long", type=int, default=4, help="prompts per long size (0 to skip)")
     parser.add_argument(
+        "--constrained",
+        action="store_true",
+        help="as the server generates: each call's name limited to the offered tools",
+    )
+    parser.add_argument(
         "--dtype", default="auto", help="compute dtype, as the server's COMPUTE_DTYPE setting"
     )
     args = parser.parse_args()
@@ -129,8 +156,9 @@ def main() -> None:
         )
         for s in samples
     ]
+    processors = [name_guard(tokenizer, s.tools) for s in samples] if args.constrained else None
     started = time.monotonic()
-    outputs = generate_all(model, tokenizer, prompts, args.max_tokens)
+    outputs = generate_all(model, tokenizer, prompts, args.max_tokens, processors=processors)
     elapsed = time.monotonic() - started
 
     eos = sum(reason == "stop" for _, reason in outputs)
@@ -169,6 +197,7 @@ def main() -> None:
     print(f"model: {args.model}")
     print(
         f"held-out prompts: {args.n} (seed {args.seed}, unseen tool names), output cap {args.max_tokens}, {elapsed:.0f} s"
+        + (", tool names constrained to the offered ones" if args.constrained else "")
     )
     print(f"EOS within cap:              {pct(eos, args.n)}   target >= 99 %")
     print(f"valid tool-call JSON:        {pct(valid, tool_samples)}   target >= 95 %")

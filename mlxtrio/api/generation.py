@@ -3,7 +3,6 @@ place in the admission lane, run the turn."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,10 +10,11 @@ from ..admission import QueueFull, Ticket
 from ..chat.conversation import Conversation
 from ..chat.prompt import PromptError, RenderedPrompt, render
 from ..chat.turn import OnSegment, TurnResult, run_turn
+from ..engine.constraints import hermes_openings
 from ..engine.engine import Engine
 from ..engine.handle import EngineError
 from ..engine.prefix_cache import Match
-from ..engine.types import SamplingParams
+from ..engine.types import SamplingParams, TextConstraint
 from ..http.errors import invalid_request, rate_limited, server_error
 from ..http.transport import client_domain
 from .deps import on_request_end, services
@@ -44,51 +44,45 @@ def output_budget(requested: int | None, engine: Engine, prompt: RenderedPrompt)
     return max(1, min(wanted, settings.max_output_tokens, room))
 
 
-@dataclass(frozen=True)
-class ForcedOpening:
-    """How a required tool call is enforced: the texts the output must start with
-    one of, and the token after which they start (end of reasoning), if any."""
-
-    openings: tuple[str, ...] = ()
-    after: int | None = None
-
-
-def forced_tool_call(
+def tool_call_constraints(
     engine: Engine, conversation: Conversation, prompt: RenderedPrompt
-) -> ForcedOpening:
-    """Make generation open a tool call when ``tool_choice`` requires one.
+) -> tuple[TextConstraint, ...]:
+    """What a tool call's opening must look like, for models whose calls are
+    Hermes JSON (``<tool_call>{"name": …, "arguments": …}``).
 
-    The model's own tool-call marker is forced (after its reasoning, when the
-    prompt starts inside it). For the Hermes JSON format the call also starts
-    with ``{"name": "<tool>", "arguments":`` for one of the allowed tools: the
-    named one, or any offered one (the model picks by its own logits), so the
-    call always names a tool the client offered. Nothing is forced for models
-    without tool calling.
+    Whatever ``tool_choice`` says, every call the model opens goes on with
+    ``{"name": "<tool>", "arguments":`` for an offered tool: the model picks
+    among the offered names by its own logits, and can no longer name a tool
+    the client does not have (small models do). When ``tool_choice`` requires
+    a call, the output must also open one (after its reasoning, when the prompt
+    starts inside it) naming the required tool, or any offered one. Nothing is
+    constrained for models without tool calling or without offered tools.
     """
-    requirement, tokenizer = conversation.required_tool, engine.tokenizer
-    if requirement is None or not conversation.tools or not tokenizer.has_tool_calling:
-        return ForcedOpening()
-    offered = [tool.name for tool in conversation.tools]
-    if requirement.name is not None and requirement.name not in offered:
-        return ForcedOpening()
-    openings = [tokenizer.tool_call_start]
-    parser_module = getattr(tokenizer.tool_parser, "__module__", "")
-    if parser_module.endswith(".json_tools"):
+    tokenizer = engine.tokenizer
+    if not conversation.tools or not getattr(tokenizer, "has_tool_calling", False):
+        return ()
+    offered = list(dict.fromkeys(tool.name for tool in conversation.tools))
+    hermes = getattr(tokenizer.tool_parser, "__module__", "").endswith(".json_tools")
+    constraints = []
+    if hermes and engine.tool_call_token is not None:
+        constraints.append(
+            TextConstraint(hermes_openings(offered), after=engine.tool_call_token, repeat=True)
+        )
+    requirement = conversation.required_tool
+    if requirement is None or (requirement.name is not None and requirement.name not in offered):
+        return tuple(constraints)
+    if hermes:
         allowed = [requirement.name] if requirement.name is not None else offered
-        # No trailing space: models emit ' {' as one token after the colon.
-        openings = [
-            tokenizer.tool_call_start
-            + '{"name": '
-            + json.dumps(name, ensure_ascii=False)
-            + ', "arguments":'
-            for name in dict.fromkeys(allowed)
-        ]
+        openings = [tokenizer.tool_call_start + text for text in hermes_openings(allowed, ("",))]
+    else:
+        openings = [tokenizer.tool_call_start]
     after = None
     if prompt.starts_in_reasoning and len(tokenizer.think_end_tokens or ()) == 1:
         after = tokenizer.think_end_tokens[0]
         # what templates put between </think> and the answer
         openings = ["\n\n" + text for text in openings]
-    return ForcedOpening(tuple(openings), after)
+    constraints.append(TextConstraint(tuple(openings), after))
+    return tuple(constraints)
 
 
 def reserve(engine: Engine) -> Ticket:

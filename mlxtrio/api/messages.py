@@ -25,12 +25,12 @@ from .deps import request_nursery, resolve_engine, services
 from .generation import (
     SHUTDOWN_MESSAGE,
     CacheLookup,
-    forced_tool_call,
     generate,
     lookup,
     output_budget,
     render_prompt,
     reserve,
+    tool_call_constraints,
 )
 from .messages_events import MessageAssembler
 
@@ -54,15 +54,14 @@ async def _prepare(require_max_tokens: bool) -> tuple[MessagesRequest, Engine, R
 @blueprint.route("/v1/messages", methods=["POST"])
 async def create_message() -> Response:
     request, engine, prompt = await _prepare(require_max_tokens=True)
-    forced = forced_tool_call(engine, request.conversation, prompt)
+    constraints = tool_call_constraints(engine, request.conversation, prompt)
     sampling = SamplingParams(
         temperature=request.temperature if request.temperature is not None else 0.0,
         top_p=request.top_p if request.top_p is not None else 1.0,
         top_k=request.top_k or 0,
         max_tokens=output_budget(request.max_tokens, engine, prompt),
         reasoning_budget=request.thinking_budget if prompt.starts_in_reasoning else None,
-        forced_openings=forced.openings,
-        force_after=forced.after,
+        constraints=constraints,
     )
     cache = lookup(engine, prompt)
     ticket = reserve(engine)

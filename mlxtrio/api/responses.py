@@ -46,12 +46,12 @@ from .deps import request_nursery, resolve_engine, services
 from .generation import (
     SHUTDOWN_MESSAGE,
     CacheLookup,
-    forced_tool_call,
     generate,
     lookup,
     output_budget,
     render_prompt,
     reserve,
+    tool_call_constraints,
 )
 from .responses_events import ResponseAssembler
 
@@ -77,14 +77,13 @@ async def create_response() -> Response:
     turn = await prepare(parse_request(await read_json_body()))
     prompt = await render_prompt(turn.engine, turn.conversation)
     request = turn.request
-    forced = forced_tool_call(turn.engine, turn.conversation, prompt)
+    constraints = tool_call_constraints(turn.engine, turn.conversation, prompt)
     sampling = SamplingParams(
         temperature=request.temperature if request.temperature is not None else 0.0,
         top_p=request.top_p if request.top_p is not None else 1.0,
         max_tokens=output_budget(request.max_output_tokens, turn.engine, prompt),
         seed=request.body.get("seed") if isinstance(request.body.get("seed"), int) else None,
-        forced_openings=forced.openings,
-        force_after=forced.after,
+        constraints=constraints,
     )
     continuation = request.previous_response_id is not None
     cache = lookup(turn.engine, prompt, _cache_domain(request), continuation)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import functools
 import logging
 import queue
 import threading
@@ -56,7 +57,7 @@ class _Sequence:
     prefill_started_at: float | None = None
     prefill_done_at: float | None = None
     first_token_at: float | None = None
-    token_buffer: list[int] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)  # token ids, as received
 
 
 class Engine:
@@ -98,6 +99,8 @@ class Engine:
         self._snapshots: dict[int, list[Any]] = {}  # engine thread only
         self._next_entry = 0
         self._token_texts: Any = None  # engine thread only
+        # The id of the model's tool-call marker when it is one token (set at load).
+        self.tool_call_token: int | None = None
 
     # ------------------------------------------------------------------
     # Trio side
@@ -258,7 +261,7 @@ class Engine:
         from mlx_lm import load
         from mlx_lm.generate import BatchGenerator
 
-        from .sampling import TokenTexts
+        from .constraints import TokenTexts
 
         log.info("loading model %s from %s", self.name, self.path)
         started = time.perf_counter()
@@ -270,6 +273,8 @@ class Engine:
             # Built now rather than at the first required tool choice, which would
             # stall every running sequence while a large vocabulary is decoded.
             self._token_texts = TokenTexts.from_tokenizer(tokenizer)
+            marker = tokenizer.encode(tokenizer.tool_call_start, add_special_tokens=False)
+            self.tool_call_token = marker[0] if len(marker) == 1 else None
         precision = apply_compute_dtype(model, self.compute_dtype_setting)
         self.dtype = precision.dtype
         if precision.upcast_reason:
@@ -339,7 +344,8 @@ class Engine:
     def _insert(self, handle: GenerationHandle) -> None:
         from mlx_lm.generate import StopSequences
 
-        from .sampling import forced_text_processor, reasoning_budget_processor, sampler_for
+        from .constraints import OpeningConstraint, ReasoningBudget
+        from .sampling import sampler_for
 
         now = time.perf_counter()
         stats = GenerationStats(prompt_tokens=len(handle.prompt))
@@ -351,13 +357,21 @@ class Engine:
         params = handle.sampling
         eos = [(t,) for t in self.tokenizer.eos_token_ids]
         stops = StopSequences(eos + [(t,) for t in params.stop_token_ids])
-        processors = []
+        generated: list[int] = []  # as received: the processors' view without waiting
+        processors: list[Any] = []
         end_tokens: tuple[int, ...] = tuple(getattr(self.tokenizer, "think_end_tokens", None) or ())
         if params.reasoning_budget is not None and len(end_tokens) == 1:
-            processors.append(reasoning_budget_processor(params.reasoning_budget, end_tokens[0]))
-        if params.forced_openings:
+            processors.append(ReasoningBudget(params.reasoning_budget, end_tokens[0], generated))
+        for constraint in params.constraints:
             processors.append(
-                forced_text_processor(params.forced_openings, params.force_after, self._vocab())
+                OpeningConstraint(
+                    constraint.openings,
+                    constraint.after,
+                    self._vocab(),
+                    constraint.repeat,
+                    tuple(self._spelling(text) for text in constraint.openings),
+                    generated,
+                )
             )
         cache, reused = self._cache_for(handle)
         stats.cached_tokens = reused
@@ -370,15 +384,20 @@ class Engine:
             logits_processors=[processors],
             stop_sequences=[stops],
         )
-        seq = _Sequence(handle, uid, self.tokenizer.detokenizer, now, stats)
+        seq = _Sequence(handle, uid, self.tokenizer.detokenizer, now, stats, generated=generated)
         self._live[uid] = seq
         self._by_handle[handle] = seq
         self.stats.submitted += 1
 
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 - one engine per model, for life
+    def _spelling(self, text: str) -> tuple[int, ...]:
+        """How the tokenizer spells ``text`` (tool-call openings recur per request)."""
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+
     def _vocab(self) -> Any:
         """Every token's text, for constrained openings; built on first use."""
         if self._token_texts is None:
-            from .sampling import TokenTexts
+            from .constraints import TokenTexts
 
             self._token_texts = TokenTexts.from_tokenizer(self.tokenizer)
         return self._token_texts
@@ -458,6 +477,7 @@ class Engine:
         stats = seq.stats
         stats.generated_tokens += 1
         self.stats.generated_tokens += 1
+        seq.generated.append(r.token)
         if seq.first_token_at is None:
             seq.first_token_at = now
             stats.time_to_first_token = now - seq.submitted_at

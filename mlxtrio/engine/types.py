@@ -27,11 +27,19 @@ class SamplingParams:
     # Close an open reasoning block after this many generated tokens (Anthropic
     # thinking.budget_tokens). Only for prompts that start inside reasoning.
     reasoning_budget: int | None = None
-    # Texts the output must start with one of (a required tool call's opening,
-    # one per allowed tool), right away or, when ``force_after`` is set, right
-    # after that token (the end of the reasoning block).
-    forced_openings: tuple[str, ...] = ()
-    force_after: int | None = None
+    # Texts the output must go on with at given points (tool-call openings).
+    constraints: tuple[TextConstraint, ...] = ()
+
+
+@dataclass(frozen=True)
+class TextConstraint:
+    """The output must go on with one of ``openings``: from the first generated
+    token (``after`` None), or right after token ``after`` is generated: its first
+    time only, or every time when ``repeat`` (e.g. after each tool-call marker)."""
+
+    openings: tuple[str, ...]
+    after: int | None = None
+    repeat: bool = False
 
 
 @dataclass
