@@ -5,10 +5,10 @@ the package, and assert structure, not exact text: plain turns stop, tool reques
 yield a well-formed call with JSON object arguments, a tool round trip ends in a
 text answer, and reasoning comes as a reasoning item / thinking block.
 
-Known gap (issue 3 stays open): the shipped weights pick tool *names* from the
-ones seen in training instead of copying the offered, unseen names. The server
-constrains every call's name to the offered tools, so the tests check that a call
-names an offered tool, but not which one, nor the argument values.
+Known gap (issue 3 stays open): the shipped weights name the right offered tool
+only about half the time (the README's figures). The server constrains every
+call's name to the offered tools, so the tests check that a call names an offered
+tool, but not which one, nor the argument values.
 """
 
 from __future__ import annotations
@@ -177,14 +177,19 @@ async def test_messages_round_trip_answers_with_text(server: Server) -> None:
 
 async def test_required_tool_choice_forces_a_call_on_a_plain_request(server: Server) -> None:
     async with oai(server) as client:
-        response = await client.responses.create(
-            model=MODEL,
-            input="Hello there!",
-            tools=[FORECAST, RUN],
-            tool_choice="required",
-            max_output_tokens=256,
-        )
+        free, response = [
+            await client.responses.create(
+                model=MODEL,
+                input="Good morning!",
+                tools=[FORECAST, RUN],
+                tool_choice=choice,
+                max_output_tokens=256,
+            )
+            for choice in ("auto", "required")
+        ]
     # a plain greeting: without the requirement the model answers in text
+    assert free.output_text.strip()
+    assert not [item for item in free.output if item.type == "function_call"]
     calls = [item for item in response.output if item.type == "function_call"]
     assert calls, response.output
     # the server confines the required call's name to the offered tools

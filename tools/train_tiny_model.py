@@ -192,9 +192,11 @@ def encode(
     max_len: int,
     prompt_weight: float,
     call_weight: float = 1.0,
+    name_weight: float | None = None,
 ) -> Item | None:
     """Prompt + completion + EOS ids; the completion weighs 1, the prompt
-    ``prompt_weight``, tokens inside ``<tool_call>…</tool_call>`` ``call_weight``.
+    ``prompt_weight``, tokens inside ``<tool_call>…</tool_call>`` ``call_weight``,
+    and those of the called tool's name ``name_weight`` (default: ``call_weight``).
 
     A small prompt weight also asks the model to predict the prompt's own
     repetitions, e.g. parameter names in ``required``. A call weight above 1
@@ -219,13 +221,26 @@ def encode(
         return None
     start = len(prompt)
     ranges = [(1, start, prompt_weight), (start, len(ids), 1.0)]
-    if call_weight != 1.0:
-        offsets = encoded["offset_mapping"]
-        for a, b in _call_spans(sample.completion):
-            inside = [i for i, (x, y) in enumerate(offsets) if x < b and y > a]
-            if inside:
-                ranges.append((start + inside[0], start + inside[-1] + 1, call_weight))
+    offsets = encoded["offset_mapping"]
+    spans = [(a, b, call_weight) for a, b in _call_spans(sample.completion)]
+    if name_weight is not None:  # after the calls': later ranges win
+        spans += [(a, b, name_weight) for a, b in _name_spans(sample.completion)]
+    for a, b, weight in spans:
+        inside = [i for i, (x, y) in enumerate(offsets) if x < b and y > a]
+        if inside and weight != 1.0:
+            ranges.append((start + inside[0], start + inside[-1] + 1, weight))
     return ids, ranges
+
+
+def _name_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of the called tools' names (with their closing quote)."""
+    spans = []
+    for a, b in _call_spans(text):
+        head = text.find('"name": "', a, b)
+        if head >= 0:
+            head += len('"name": "')
+            spans.append((head, text.find('"', head, b) + 1))
+    return spans
 
 
 def _call_spans(text: str) -> list[tuple[int, int]]:
@@ -417,6 +432,12 @@ def main() -> None:
         "--call-weight", type=float, default=1.0, help="loss weight of tool-call tokens"
     )
     parser.add_argument(
+        "--name-weight",
+        type=float,
+        default=None,
+        help="loss weight of the called tool's name (default: --call-weight)",
+    )
+    parser.add_argument(
         "--prev-token-init",
         action="store_true",
         help="start layer 0's head 0 as a previous-token head (see init_previous_token_head)",
@@ -453,6 +474,7 @@ def main() -> None:
             args.max_len,
             args.prompt_weight,
             args.call_weight,
+            args.name_weight,
         )
         if item is not None:
             encoded.append(item)
