@@ -185,9 +185,8 @@ class OpeningConstraint:
             return
         self._text += self.vocab.text(token)
         self._tokens.append(token)
-        if not self._allowed(
-            self._text, self._tokens
-        ):  # an opening is complete (or nothing fits): hand off
+        complete = not self._allowed(self._text, self._tokens)  # or nothing fits
+        if complete:  # hand off
             self._open, self._text, self._tokens = False, "", []
             self._done = not self.repeat
 
