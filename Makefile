@@ -37,13 +37,13 @@ bench: $(STAMP)
 model: $(STAMP)
 	$(BIN)/python tools/build_embedded_model.py --seed 0
 
-# Train the embedded model (PyTorch on the CPU: about 48 minutes on a 2-core
+# Train the embedded model (PyTorch on the CPU: about 66 minutes on a 2-core
 # AVX-512 machine, two to three times longer on CPUs without it; see the README),
 # then evaluate it on held-out prompts as the server runs it (tool names
 # constrained) and raw. Reproducible from the seed.
 TRAIN_FLAGS = --seed 0 --variety --compile --prompt-weight 0.1 --copy-samples 15000 \
-	--copy-warmup 600 --prev-token-init --description-first --steps 2000 --lr 2e-3 \
-	--warmup-lr 1.2e-3 --call-weight 3
+	--copy-warmup 600 --prev-token-init --description-first --steps 2700 --lr 2e-3 \
+	--warmup-lr 1.2e-3 --call-weight 3 --name-weight 6
 train: $(STAMP)
 	$(BIN)/python -m pip install --quiet 'torch==2.13.0' safetensors
 	$(BIN)/python tools/train_tiny_model.py $(TRAIN_FLAGS)

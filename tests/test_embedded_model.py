@@ -5,10 +5,11 @@ the package, and assert structure, not exact text: plain turns stop, tool reques
 yield a well-formed call with JSON object arguments, a tool round trip ends in a
 text answer, and reasoning comes as a reasoning item / thinking block.
 
-Known gap (issue 3 stays open): the shipped weights name the right offered tool
-only about half the time (the README's figures). The server constrains every
-call's name to the offered tools, so the tests check that a call names an offered
-tool, but not which one, nor the argument values.
+The weights name the right offered tool in about 84 % of held-out requests as
+served (the README's figures; the server confines every call's name to the
+offered tools), so these requests, which name the tool's family plainly, check
+which tool is called and that its required argument is there, in both tool
+orders; they do not check argument values.
 """
 
 from __future__ import annotations
@@ -65,20 +66,20 @@ async def test_plain_turn_answers_and_stops(server: Server) -> None:
     assert not [item for item in response.output if item.type == "function_call"]
 
 
-async def test_tool_request_yields_a_well_formed_call(server: Server) -> None:
+@pytest.mark.parametrize("tools", [[FORECAST, RUN], [RUN, FORECAST]])
+async def test_tool_request_yields_a_call_to_the_offered_tool(server: Server, tools) -> None:
     async with oai(server) as client:
         response = await client.responses.create(
             model=MODEL,
             input="What's the weather in Lisbon?",
-            tools=[FORECAST, RUN],
+            tools=tools,
             max_output_tokens=256,
         )
     calls = [item for item in response.output if item.type == "function_call"]
-    assert calls, response.output
     assert response.status == "completed"
-    assert {call.name for call in calls} <= {FORECAST["name"], RUN["name"]}
+    assert [call.name for call in calls] == [FORECAST["name"]], response.output
     arguments = json.loads(calls[0].arguments)
-    assert isinstance(arguments, dict) and arguments
+    assert isinstance(arguments, dict) and "location" in arguments
 
 
 async def test_tool_round_trip_ends_in_a_text_answer(server: Server) -> None:
@@ -90,6 +91,7 @@ async def test_tool_round_trip_ends_in_a_text_answer(server: Server) -> None:
             max_output_tokens=256,
         )
         call = next(item for item in first.output if item.type == "function_call")
+        assert call.name == RUN["name"] and "cmd" in json.loads(call.arguments)
         second = await client.responses.create(
             model=MODEL,
             previous_response_id=first.id,
@@ -135,8 +137,8 @@ async def test_messages_tool_use_and_thinking(server: Server) -> None:
     kinds = [block.type for block in final.content]
     assert kinds[0] == "thinking" and final.content[0].thinking.strip()
     tool_uses = [block for block in final.content if block.type == "tool_use"]
-    assert tool_uses and isinstance(tool_uses[0].input, dict) and tool_uses[0].input
-    assert {block.name for block in tool_uses} <= {FORECAST["name"], RUN["name"]}
+    assert [block.name for block in tool_uses] == [FORECAST["name"]]
+    assert isinstance(tool_uses[0].input, dict) and "location" in tool_uses[0].input
     assert final.stop_reason == "tool_use"
 
 
