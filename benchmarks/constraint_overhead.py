@@ -7,6 +7,8 @@ name an offered tool). Most steps are free text, where it should cost nothing.
 Decodes with ``BatchGenerator`` (greedy, the same prompt per sequence) three ways:
 
 * ``none``: no logits processor;
+* ``noop``: a processor that returns the logits as they are (what mlx-lm's
+  per-sequence processor path costs by itself);
 * ``host view``: the constraint as the engine runs it, reading generated tokens
   from the host one step behind and deciding about the pending one on the device;
 * ``device read``: the constraint reading each pending token with ``.item()``
@@ -43,7 +45,9 @@ def decode_tps(model, tokenizer, prompt: list[int], batch: int, tokens: int, mod
     openings = hermes_openings(["get_weather", "run_command"])
     seen: list[list[int]] = [[] for _ in range(batch)]
     processors = None
-    if mode != "none":
+    if mode == "noop":
+        processors = [[lambda context, logits: logits] for _ in range(batch)]
+    elif mode != "none":
         processors = [
             [OpeningConstraint(openings, -1, vocab, True, (), seen[i] if mode == "host" else None)]
             for i in range(batch)
@@ -84,7 +88,7 @@ def main() -> None:
         [{"role": "user", "content": PROMPT}], add_generation_prompt=True
     )
     print(f"model: {path} ({dtype}), {args.tokens} tokens per sequence, median of {args.runs}")
-    modes = ["none", "host", "device"]
+    modes = ["none", "noop", "host", "device"]
     for batch in args.batch:
         decode_tps(model, tokenizer, prompt, batch, 32, "none")  # warm up
         speeds: dict[str, list[float]] = {mode: [] for mode in modes}
@@ -94,7 +98,9 @@ def main() -> None:
         base = statistics.median(speeds["none"])
         for mode in modes:
             tps = statistics.median(speeds[mode])
-            label = {"none": "none", "host": "host view", "device": "device read"}[mode]
+            label = {"none": "none", "noop": "noop", "host": "host view", "device": "device read"}[
+                mode
+            ]
             print(f"batch {batch}  {label:12s} {tps:8.1f} tok/s  ratio {tps / base:.3f}")
 
 
