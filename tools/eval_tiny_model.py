@@ -72,18 +72,18 @@ def name_guard(tokenizer, tools) -> list:
     opens names one of them (see ``mlxtrio.api.generation``)."""
     from mlxtrio.engine.constraints import OpeningConstraint, TokenTexts, hermes_openings
 
-    global _VOCAB
     if not tools:
         return []
-    if _VOCAB is None:
-        _VOCAB = TokenTexts.from_tokenizer(tokenizer)
+    vocab = _VOCABS.get(id(tokenizer)) or _VOCABS.setdefault(
+        id(tokenizer), TokenTexts.from_tokenizer(tokenizer)
+    )
     openings = hermes_openings([t["function"]["name"] for t in tools])
     (marker,) = tokenizer.encode(tokenizer.tool_call_start, add_special_tokens=False)
     spellings = tuple(tuple(tokenizer.encode(o, add_special_tokens=False)) for o in openings)
-    return [OpeningConstraint(openings, marker, _VOCAB, True, spellings)]
+    return [OpeningConstraint(openings, marker, vocab, True, spellings)]
 
 
-_VOCAB = None
+_VOCABS: dict[int, object] = {}  # TokenTexts per tokenizer: built once, it is slow
 
 
 def parse(tokenizer, sample: data.Sample, ids: list[int]):

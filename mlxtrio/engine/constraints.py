@@ -52,15 +52,14 @@ class TokenTexts:
         self._keys = [text for text, _ in self._sorted]
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: object) -> TokenTexts:
+    def from_tokenizer(cls, tokenizer: Any) -> TokenTexts:
         """Decode each token after an anchor token and strip the anchor's text, so
         that tokenizers which drop a leading space when decoding a lone token
         (SentencePiece) still report it."""
-        tok = cast(Any, tokenizer)
-        anchor = tok.encode("a", add_special_tokens=False)[:1]
-        base = tok.decode(anchor)
-        size = max(tok.get_vocab().values()) + 1
-        decoded = tok.batch_decode([anchor + [token] for token in range(size)])
+        anchor = tokenizer.encode("a", add_special_tokens=False)[:1]
+        base = tokenizer.decode(anchor)
+        size = max(tokenizer.get_vocab().values()) + 1
+        decoded = tokenizer.batch_decode([anchor + [token] for token in range(size)])
         return cls([t[len(base) :] if t.startswith(base) else "" for t in decoded])
 
     def text(self, token: int) -> str:
@@ -152,7 +151,8 @@ class OpeningConstraint:
         self._done = False
         self._text = ""  # generated since the opening began
         self._tokens: list[int] = []
-        self._first: mx.array | None = None  # the allowed first tokens, once needed
+        # 0 for the allowed first tokens, -inf elsewhere; built on first use
+        self._first_mask: mx.array | None = None
 
     def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
         known, pending = self._steps.advance(context)
@@ -167,10 +167,10 @@ class OpeningConstraint:
         if not self._open:
             if not pending:
                 return logits
-            # The pending token may be the trigger: decide on the device.
-            first = self._first_tokens()
-            assert self.after is not None
-            return mx.where(context[-1] == self.after, _only(first, logits), logits)
+            # The pending token may be the trigger: decide on the device, with a
+            # mask made once (this runs on every free step).
+            mask = self._first_tokens_mask(logits)
+            return mx.where(context[-1] == self.after, logits + mask, logits)
         allowed = self._allowed(self._text, self._tokens)
         if not allowed:  # cannot happen after _take; kept for safety
             return logits
@@ -201,10 +201,10 @@ class OpeningConstraint:
             return spelled.union(*(self.vocab.covering(rest) for rest in rests))
         return set().union(*(self.vocab.consistent_with(rest) for rest in rests))
 
-    def _first_tokens(self) -> mx.array:
-        if self._first is None:
-            self._first = mx.array(sorted(self._allowed("", [])))
-        return self._first
+    def _first_tokens_mask(self, logits: mx.array) -> mx.array:
+        if self._first_mask is None:
+            self._first_mask = _only(sorted(self._allowed("", [])), mx.zeros_like(logits))
+        return self._first_mask
 
 
 class ReasoningBudget:
