@@ -124,6 +124,29 @@ def long_prompt_samples(
     return prompts
 
 
+def _selection_breakdown(selection: dict[tuple[str, bool, int], list[int]]) -> str:
+    """Right/asked by call count, by thinking and by the number of tools offered."""
+
+    def total(match) -> str:
+        right = sum(v[0] for k, v in selection.items() if match(k))
+        asked = sum(v[1] for k, v in selection.items() if match(k))
+        return f"{right}/{asked}"
+
+    offered = sorted({k[2] for k in selection})
+    return "selection by case:           " + ", ".join(
+        [
+            f"one call {total(lambda k: k[0] == 'tool')}",
+            f"two calls {total(lambda k: k[0] == 'tool2')}",
+            f"thinking on {total(lambda k: k[1])}",
+            f"off {total(lambda k: not k[1])}",
+            "tools offered "
+            + " ".join(
+                f"{n if n < 6 else '6+'}: {total(lambda k, n=n: k[2] == n)}" for n in offered
+            ),
+        ]
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(EMBEDDED_MODEL_PATH))
@@ -163,6 +186,8 @@ def main() -> None:
 
     eos = sum(reason == "stop" for _, reason in outputs)
     tool_samples = valid = correct = complete = exact = 0
+    # selection by (single/two calls, thinking, tools offered): (right, asked)
+    selection: dict[tuple[str, bool, int], list[int]] = {}
     thinking_samples = well_formed = 0
     examples: dict[str, str] = {}
     for sample, (ids, _reason) in zip(samples, outputs, strict=True):
@@ -173,8 +198,13 @@ def main() -> None:
             if raw_calls and not invalid and len(calls) == raw_calls:
                 valid += 1
             names = [c.name for c in calls]
+            cell = selection.setdefault(
+                (sample.kind, sample.thinking, min(len(sample.tools), 6)), [0, 0]
+            )
+            cell[1] += 1
             if names == sample.expected_tools:
                 correct += 1
+                cell[0] += 1
             if (
                 calls
                 and len(calls) == len(sample.required)
@@ -205,6 +235,7 @@ def main() -> None:
     print(f"required arguments present:  {pct(complete, tool_samples)}")
     print(f"argument values exact:       {pct(exact, tool_samples)}")
     print(f"well-formed reasoning:       {pct(well_formed, thinking_samples)}   target >= 95 %")
+    print(_selection_breakdown(selection))
     for size in (4096, 20000) if args.long else ():
         long_prompts = long_prompt_samples(
             random.Random(args.seed + size), size, tokenizer, args.long

@@ -925,12 +925,21 @@ class Sample:
 
 
 def make_sample(
-    rng: random.Random, split: str = "train", long_ratio: float = 0.03, variety: bool = False
+    rng: random.Random,
+    split: str = "train",
+    long_ratio: float = 0.03,
+    variety: bool = False,
+    names_in_reasoning: bool = False,
 ) -> Sample:
     """One conversation and its completion. ``variety`` (training only) draws most
     tool names, many parameter names and argument values fresh per sample and puts
     the called tool anywhere in the list: copying from the prompt becomes the only
-    way to get a call right (an experiment; see the README)."""
+    way to get a call right (an experiment; see the README).
+
+    ``names_in_reasoning`` makes the reasoning name the tool it will call (runs 1-9).
+    Without it the reasoning says only *that* an offered tool fits: a name copied
+    in free text has no constraint to keep it on an offered tool, and a failed copy
+    there derailed every reasoning failure of run 9."""
     long = rng.random() < long_ratio
     thinking = rng.random() < 0.3
     messages: list[dict[str, Any]] = []
@@ -989,8 +998,13 @@ def make_sample(
     ]
     call_text = "".join(tool_call_text(call["name"], call["arguments"]) for call in calls)
     intents = " and ".join(c.family.intent.format(*v) for c, v in zip(chosen, values, strict=True))
-    names = " and ".join(c.name for c in chosen)
-    reasoning = f"The user wants {intents}. The tool {names} can do that, so I will call it."
+    if names_in_reasoning:
+        names = " and ".join(c.name for c in chosen)
+        reasoning = f"The user wants {intents}. The tool {names} can do that, so I will call it."
+    elif len(chosen) == 1:
+        reasoning = f"The user wants {intents}. An offered tool can do that, so I will call it."
+    else:
+        reasoning = f"The user wants {intents}. Offered tools can do that, so I will call them."
     kind = "tool" if len(calls) == 1 else "tool2"
 
     if rng.random() < 0.35:  # the call was made already: answer from its results
@@ -1022,12 +1036,14 @@ def _finish(messages, tools, thinking, reasoning, answer, kind, expected, requir
     return Sample(messages, tools, thinking, completion, kind, expected, required)
 
 
-def corpus(seed: int, n: int, variety: bool = False) -> list[str]:
+def corpus(seed: int, n: int, variety: bool = False, names_in_reasoning: bool = False) -> list[str]:
     """Text for training the BPE tokenizer."""
     rng = random.Random(seed)
     texts = []
     for _ in range(n):
-        s = make_sample(rng, long_ratio=0.02, variety=variety)
+        s = make_sample(
+            rng, long_ratio=0.02, variety=variety, names_in_reasoning=names_in_reasoning
+        )
         texts.extend(m["content"] for m in s.messages if m.get("content"))
         texts.append(s.completion)
         if s.tools:

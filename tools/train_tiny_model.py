@@ -146,7 +146,10 @@ class TinyQwen3(nn.Module):
             for norm in (layer.q_norm, layer.k_norm):
                 norm.weight[i] = norm.weight[i + half] = gain
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits for every position of ``ids``, or only at ``positions`` (flat
+        indices into batch x sequence): the output layer is a quarter of the
+        model's work, and most positions of a batch carry little or no loss."""
         n, hd = ids.shape[1], self.c["head_dim"]
         inv = 1.0 / (
             self.c["rope_theta"] ** (torch.arange(0, hd // 2, dtype=torch.float32) / (hd // 2))
@@ -159,7 +162,10 @@ class TinyQwen3(nn.Module):
         x = self.embed_tokens(ids)
         for layer in self.layers:
             x = layer(x, cos, sin)
-        return self.norm(x) @ self.embed_tokens.weight.T  # tied embeddings
+        x = self.norm(x)
+        if positions is not None:
+            x = x.reshape(-1, x.shape[-1])[positions]
+        return x @ self.embed_tokens.weight.T  # tied embeddings
 
     def mlx_state(self) -> dict[str, torch.Tensor]:
         """Weights under mlx-lm's qwen3 names."""
@@ -336,6 +342,20 @@ def collate(encoded: list[Item], group) -> tuple[torch.Tensor, torch.Tensor, tor
     return ids, targets, weights
 
 
+def sample_loss_positions(
+    weights: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions to compute the loss at, and their weights: a position of weight
+    ``w < 1`` (the prompt's) is kept with probability ``w`` at weight 1, one of
+    weight ``w >= 1`` always, at ``w``; weight 0 (padding) never. Each position's
+    expected weight is unchanged, so is the expected gradient, and the output layer
+    runs on about a fifth of the positions of a chat batch."""
+    flat = weights.reshape(-1)
+    kept = torch.rand(flat.shape, generator=generator) < flat.clamp(max=1.0)
+    positions = kept.nonzero().squeeze(1)
+    return positions, flat[positions].clamp(min=1.0)
+
+
 class NameProbe:
     """Teacher-forced check that the model copies tool names from its prompt.
 
@@ -447,6 +467,17 @@ def main() -> None:
         action="store_true",
         help="render each tool with its description before its name (experiment)",
     )
+    parser.add_argument(
+        "--names-in-reasoning",
+        action="store_true",
+        help="reasoning names the tool it calls (runs 1-9; see tinychat_data.make_sample)",
+    )
+    parser.add_argument(
+        "--sample-prompt-loss",
+        action="store_true",
+        help="compute the prompt's loss on a random sample of its positions "
+        "(see sample_loss_positions; faster, same expected gradient)",
+    )
     parser.add_argument("--probe-every", type=int, default=100)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
@@ -457,7 +488,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     started = time.monotonic()
-    build.build_tokenizer(args.out, args.seed, data.corpus(args.seed + 1, 4000, args.variety))
+    build.build_tokenizer(
+        args.out, args.seed, data.corpus(args.seed + 1, 4000, args.variety, args.names_in_reasoning)
+    )
     build.write_config(args.out)
     if args.description_first:
         build.write_template(args.out, build.CHAT_TEMPLATE_DESCRIPTION_FIRST)
@@ -469,7 +502,12 @@ def main() -> None:
     while len(encoded) < args.samples:
         item = encode(
             tokenizer,
-            data.make_sample(rng, long_ratio=args.long_ratio, variety=args.variety),
+            data.make_sample(
+                rng,
+                long_ratio=args.long_ratio,
+                variety=args.variety,
+                names_in_reasoning=args.names_in_reasoning,
+            ),
             eos,
             args.max_len,
             args.prompt_weight,
@@ -523,6 +561,7 @@ def main() -> None:
     ]
     warmup_stream = batches(warm, 4096, rng) if args.copy_warmup else None
     probe = NameProbe(tokenizer, eos, args.seed + 7)
+    loss_sampler = torch.Generator().manual_seed(args.seed)
     seen, loss_avg, t0 = 0, None, time.monotonic()
     last_at = t0  # time of the last progress line
     for step in range(1, args.steps + 1):
@@ -530,12 +569,17 @@ def main() -> None:
             ids, targets, weights = collate(warm, next(warmup_stream))
         else:
             ids, targets, weights = collate(encoded, next(stream))
+        if args.sample_prompt_loss:
+            positions, weights = sample_loss_positions(weights, loss_sampler)
+            targets = targets.reshape(-1)[positions]
+        else:
+            positions = None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.compile):
-            logits = step_model(ids)
+            logits = step_model(ids, positions)
         per_token = F.cross_entropy(
-            logits.float().view(-1, logits.shape[-1]), targets.view(-1), reduction="none"
+            logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
         )
-        loss = (per_token * weights.view(-1)).sum() / weights.sum()
+        loss = (per_token * weights.reshape(-1)).sum() / weights.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -555,7 +599,9 @@ def main() -> None:
             last_at = time.monotonic()
         if step % args.probe_every == 0 or step == args.steps:
             model.eval()
-            print(probe(model), flush=True)
+            probe_started = time.monotonic()
+            report = probe(model)
+            print(f"{report} ({time.monotonic() - probe_started:.1f} s)", flush=True)
             model.train()
 
     from safetensors.torch import save_file
