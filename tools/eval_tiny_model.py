@@ -185,7 +185,7 @@ def main() -> None:
     elapsed = time.monotonic() - started
 
     eos = sum(reason == "stop" for _, reason in outputs)
-    tool_samples = valid = correct = complete = exact = 0
+    valid = complete = exact = 0
     # selection by (single/two calls, thinking, tools offered): (right, asked)
     selection: dict[tuple[str, bool, int], list[int]] = {}
     thinking_samples = well_formed = 0
@@ -194,7 +194,6 @@ def main() -> None:
         text, calls, reasoning, answer, raw_calls, invalid = parse(tokenizer, sample, ids)
         examples.setdefault(sample.kind + ("+think" if sample.thinking else ""), text)
         if sample.kind in ("tool", "tool2"):
-            tool_samples += 1
             if raw_calls and not invalid and len(calls) == raw_calls:
                 valid += 1
             names = [c.name for c in calls]
@@ -202,9 +201,7 @@ def main() -> None:
                 (sample.kind, sample.thinking, min(len(sample.tools), 6)), [0, 0]
             )
             cell[1] += 1
-            if names == sample.expected_tools:
-                correct += 1
-                cell[0] += 1
+            cell[0] += names == sample.expected_tools
             if (
                 calls
                 and len(calls) == len(sample.required)
@@ -220,6 +217,9 @@ def main() -> None:
             thinking_samples += 1
             if reasoning.strip() and "</think>" in text and (answer.strip() or calls):
                 well_formed += 1
+
+    correct = sum(right for right, _ in selection.values())
+    tool_samples = sum(asked for _, asked in selection.values())
 
     def pct(a: int, b: int) -> str:
         return f"{100 * a / b:5.1f} % ({a}/{b})" if b else "   n/a"
