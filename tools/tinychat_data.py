@@ -930,6 +930,7 @@ def make_sample(
     long_ratio: float = 0.03,
     variety: bool = False,
     names_in_reasoning: bool = False,
+    two_call_ratio: float = 0.2,
 ) -> Sample:
     """One conversation and its completion. ``variety`` (training only) draws most
     tool names, many parameter names and argument values fresh per sample and puts
@@ -939,7 +940,11 @@ def make_sample(
     ``names_in_reasoning`` makes the reasoning name the tool it will call (runs 1-9).
     Without it the reasoning says only *that* an offered tool fits: a name copied
     in free text has no constraint to keep it on an offered tool, and a failed copy
-    there derailed every reasoning failure of run 9."""
+    there derailed every reasoning failure of run 9.
+
+    ``two_call_ratio``: how often a request offering several tools asks for two
+    calls. The eval keeps the default; training more of them targets run 9's weakest
+    case (half of its two-call requests were wrong)."""
     long = rng.random() < long_ratio
     thinking = rng.random() < 0.3
     messages: list[dict[str, Any]] = []
@@ -973,10 +978,11 @@ def make_sample(
         return _finish(messages, tools or None, thinking, reasoning, answer, "plain", [], [])
 
     if variety:  # the called tool sits anywhere in the list, not first
-        chosen = rng.sample(offered, k=2 if len(offered) > 1 and rng.random() < 0.2 else 1)
+        two = len(offered) > 1 and rng.random() < two_call_ratio
+        chosen = rng.sample(offered, k=2 if two else 1)
     else:
         chosen = [offered[0]]
-        if len(offered) > 1 and rng.random() < 0.2:
+        if len(offered) > 1 and rng.random() < two_call_ratio:
             chosen.append(offered[1])
     novel = variety and split == "train" and rng.random() < 0.4
     values = [(NOVEL_VALUES[c.family.key] if novel else c.family.values)(rng) for c in chosen]

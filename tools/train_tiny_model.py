@@ -146,15 +146,26 @@ class TinyQwen3(nn.Module):
             for norm in (layer.q_norm, layer.k_norm):
                 norm.weight[i] = norm.weight[i + half] = gain
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        rope_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits for every position of ``ids``, or only at ``positions`` (flat
         indices into batch x sequence): the output layer is a quarter of the
-        model's work, and most positions of a batch carry little or no loss."""
+        model's work, and most positions of a batch carry little or no loss.
+
+        ``rope_positions`` (batch x sequence) are the positions RoPE rotates by;
+        default ``0..n-1`` in every row (see ``skip_positions``)."""
         n, hd = ids.shape[1], self.c["head_dim"]
         inv = 1.0 / (
             self.c["rope_theta"] ** (torch.arange(0, hd // 2, dtype=torch.float32) / (hd // 2))
         )
-        angles = torch.arange(n, dtype=torch.float32)[:, None] * inv[None, :]
+        if rope_positions is None:
+            angles = torch.arange(n, dtype=torch.float32)[:, None] * inv[None, :]
+        else:  # one row of angles per sequence, broadcast over the heads
+            angles = rope_positions.float()[:, None, :, None] * inv
         cos, sin = (
             angles.cos().to(self.embed_tokens.weight.dtype),
             angles.sin().to(self.embed_tokens.weight.dtype),
@@ -342,6 +353,52 @@ def collate(encoded: list[Item], group) -> tuple[torch.Tensor, torch.Tensor, tor
     return ids, targets, weights
 
 
+def system_prompt_end(tokenizer, sample: data.Sample) -> int:
+    """About where the system prompt's own text ends in the rendered prompt (the
+    tool list and the conversation follow it); 1 without a system prompt."""
+    first = sample.messages[0]
+    if first["role"] != "system":
+        return 1
+    return len(
+        tokenizer.encode("<|im_start|>system\n" + first["content"], add_special_tokens=False)
+    )
+
+
+def skip_positions(
+    encoded: list[Item],
+    group,
+    length: int,
+    context_ends: list[int],
+    rng: random.Random,
+    ratio: float,
+    reach: int,
+) -> torch.Tensor:
+    """RoPE positions for a batch, with a jump in some system prompts (PoSE).
+
+    Real agent prompts run to ~20k tokens, training samples to 4k: distances the
+    model never saw decided whether it stopped on a 20k prompt (runs 9 and 10 in
+    the README: 8/8 vs 2/8, by luck of the seed). RoPE scores depend only on the
+    distance between positions, so skipping the positions after a point by up to
+    ``reach`` minus the sample's length shows the model every distance up to
+    ``reach`` at the cost of a 4k sample.
+
+    The point falls in the system prompt's text (before ``context_ends[i]``), as
+    in a real agent prompt, where the long part is the system prompt and the tool
+    list sits close to the request: a jump inside the tool list (run 12) taught
+    the model to overlook the tools listed before it. ``ratio`` of the chat items
+    (``encoded[:len(context_ends)]``) jump; the rest, and the copying exercises,
+    count ``0..n-1``.
+    """
+    rows = torch.arange(length).repeat(len(group), 1)
+    for row, i in enumerate(group):
+        seq = encoded[i][0]
+        if i >= len(context_ends) or reach <= len(seq) or rng.random() >= ratio:
+            continue
+        split = rng.randint(1, context_ends[i])
+        rows[row, split:] += rng.randint(0, reach - len(seq))
+    return rows
+
+
 def sample_loss_positions(
     weights: torch.Tensor, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -480,6 +537,21 @@ def main() -> None:
         "(see sample_loss_positions): 20%% faster chat steps, but held-out selection "
         "fell from 84%% to 46%% (run 11 in the README)",
     )
+    parser.add_argument(
+        "--skip-ratio",
+        type=float,
+        default=0.0,
+        help="share of chat samples whose prompt positions jump ahead (see skip_positions)",
+    )
+    parser.add_argument(
+        "--skip-reach", type=int, default=24576, help="largest position a jump reaches"
+    )
+    parser.add_argument(
+        "--two-call-ratio",
+        type=float,
+        default=0.2,
+        help="how often a request offering several tools asks for two calls",
+    )
     parser.add_argument("--probe-every", type=int, default=100)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
@@ -500,16 +572,18 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.out))
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    encoded = []
+    encoded, context_ends = [], []
     while len(encoded) < args.samples:
+        sample = data.make_sample(
+            rng,
+            long_ratio=args.long_ratio,
+            variety=args.variety,
+            names_in_reasoning=args.names_in_reasoning,
+            two_call_ratio=args.two_call_ratio,
+        )
         item = encode(
             tokenizer,
-            data.make_sample(
-                rng,
-                long_ratio=args.long_ratio,
-                variety=args.variety,
-                names_in_reasoning=args.names_in_reasoning,
-            ),
+            sample,
             eos,
             args.max_len,
             args.prompt_weight,
@@ -518,6 +592,7 @@ def main() -> None:
         )
         if item is not None:
             encoded.append(item)
+            context_ends.append(system_prompt_end(tokenizer, sample) if args.skip_ratio else 1)
     first = len(build.SPECIAL_TOKENS)
     copies = [copy_item(rng, tokenizer, len(tokenizer), first) for _ in range(args.copy_samples)]
     encoded += copies
@@ -564,20 +639,34 @@ def main() -> None:
     warmup_stream = batches(warm, 4096, rng) if args.copy_warmup else None
     probe = NameProbe(tokenizer, eos, args.seed + 7)
     loss_sampler = torch.Generator().manual_seed(args.seed)
+    # Its own stream, so runs without jumps draw exactly what they always did.
+    skip_rng = random.Random(args.seed + 11)
     seen, loss_avg, t0 = 0, None, time.monotonic()
     last_at = t0  # time of the last progress line
     for step in range(1, args.steps + 1):
+        rope_positions = None
         if warmup_stream is not None and step <= args.copy_warmup:
             ids, targets, weights = collate(warm, next(warmup_stream))
         else:
-            ids, targets, weights = collate(encoded, next(stream))
+            group = next(stream)
+            ids, targets, weights = collate(encoded, group)
+            if args.skip_ratio:
+                rope_positions = skip_positions(
+                    encoded,
+                    group,
+                    ids.shape[1],
+                    context_ends,
+                    skip_rng,
+                    args.skip_ratio,
+                    args.skip_reach,
+                )
         if args.sample_prompt_loss:
             positions, weights = sample_loss_positions(weights, loss_sampler)
             targets = targets.reshape(-1)[positions]
         else:
             positions = None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.compile):
-            logits = step_model(ids, positions)
+            logits = step_model(ids, positions, rope_positions)
         per_token = F.cross_entropy(
             logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
         )
