@@ -375,17 +375,17 @@ def skip_positions(
 ) -> torch.Tensor:
     """RoPE positions for a batch, with a jump in some system prompts (PoSE).
 
-    Real agent prompts run to ~20k tokens, training samples to 4k: distances the
-    model never saw decided whether it stopped on a 20k prompt (runs 9 and 10 in
-    the README: 8/8 vs 2/8, by luck of the seed). RoPE scores depend only on the
+    Real agent prompts run to ~20k tokens, training samples to 4k. RoPE scores depend only on the
     distance between positions, so skipping the positions after a point by up to
     ``reach`` minus the sample's length shows the model every distance up to
     ``reach`` at the cost of a 4k sample.
 
     The point falls in the system prompt's text (before ``context_ends[i]``), as
     in a real agent prompt, where the long part is the system prompt and the tool
-    list sits close to the request: a jump inside the tool list (run 12) taught
-    the model to overlook the tools listed before it. ``ratio`` of the chat items
+    list sits close to the request (with jumps anywhere, run 12's selection fell
+    to 47 %: likely, a jump inside the tool list made the tools before it look far
+    off). Run 13 trained this way and still rambled on 20k prompts, so distances
+    are not the whole story (see the README). ``ratio`` of the chat items
     (``encoded[:len(context_ends)]``) jump; the rest, and the copying exercises,
     count ``0..n-1``.
     """
