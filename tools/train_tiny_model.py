@@ -375,8 +375,9 @@ def skip_positions(
 ) -> torch.Tensor:
     """RoPE positions for a batch, with a jump in some system prompts (PoSE).
 
-    Real agent prompts run to ~20k tokens, training samples to 4k. RoPE scores depend only on the
-    distance between positions, so skipping the positions after a point by up to
+    Real agent prompts run to ~20k tokens, training samples to 4k. RoPE scores
+    depend only on the distance between positions, so skipping the positions
+    after a point by up to
     ``reach`` minus the sample's length shows the model every distance up to
     ``reach`` at the cost of a 4k sample.
 
