@@ -43,7 +43,7 @@ model: $(STAMP)
 # constrained) and raw. Reproducible from the seed.
 TRAIN_FLAGS = --seed 0 --variety --compile --prompt-weight 0.1 --copy-samples 15000 \
 	--copy-warmup 600 --prev-token-init --description-first --steps 2700 --lr 2e-3 \
-	--warmup-lr 1.2e-3 --call-weight 3 --name-weight 6 --names-in-reasoning
+	--warmup-lr 1.2e-3 --call-weight 3 --name-weight 6 --skip-ratio 0.5
 train: $(STAMP)
 	$(BIN)/python -m pip install --quiet 'torch==2.13.0' safetensors
 	$(BIN)/python tools/train_tiny_model.py $(TRAIN_FLAGS)
