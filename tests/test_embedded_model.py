@@ -5,11 +5,12 @@ the package, and assert structure, not exact text: plain turns stop, tool reques
 yield a well-formed call with JSON object arguments, a tool round trip ends in a
 text answer, and reasoning comes as a reasoning item / thinking block.
 
-The weights name the right offered tool in about 84 % of held-out requests as
+The weights name the right offered tool in about 93 % of held-out requests as
 served (the README's figures; the server confines every call's name to the
 offered tools), so these requests, which name the tool's family plainly, check
 which tool is called and that its required argument is there, in both tool
-orders; they do not check argument values.
+orders; they do not check argument values. Agent-sized requests of real-world
+text (as Claude Code and Codex send) must stop within a few hundred tokens.
 """
 
 from __future__ import annotations
@@ -225,3 +226,71 @@ async def test_required_tool_choice_after_thinking_names_an_allowed_tool(
     assert len(tool_uses) == 1 and tool_uses[0].name in allowed
     assert isinstance(tool_uses[0].input, dict)
     assert reply.stop_reason == "tool_use"
+
+
+def agent_sized_context(chars: int) -> str:
+    """Ordinary English and code, as agent clients' system prompts are, about
+    ``chars`` long: the documentation of standard-library modules whose sources
+    the model never trained on (the eval split of ``tools/foreign_text.py``)."""
+    import argparse
+    import doctest
+    import inspect
+    import shutil
+    import tarfile
+    import tempfile
+
+    parts = []
+    for module in (argparse, shutil, tempfile, tarfile, doctest):
+        parts.append(f"# {module.__name__}\n\n{inspect.getdoc(module)}")
+        for name, member in sorted(vars(module).items()):
+            if not name.startswith("_") and callable(member) and inspect.getdoc(member):
+                parts.append(f"## {name}\n\n{inspect.getdoc(member)}")
+    text = "\n\n".join(parts)
+    assert len(text) >= chars, len(text)
+    return text[:chars]
+
+
+REMINDER = (
+    "<system-reminder>\nAs you answer, you can use this context:\n"
+    "# currentDate\nToday's date is 2026-11-29.\n</system-reminder>\n\n"
+)
+
+
+async def test_agent_sized_messages_request_stops(server: Server) -> None:
+    """A Claude Code-shaped turn: a ~15k-token system prompt of real text, its
+    tools, a reminder block before the request, thinking on. Run 13 and earlier
+    wrote to the cap on such prompts (the README's runs 13 and 14)."""
+    async with claude(server) as client:
+        final = await client.messages.create(
+            model=MODEL,
+            max_tokens=512,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            system=[{"type": "text", "text": agent_sized_context(30000)}],
+            tools=ANTHROPIC_TOOLS,
+            messages=[{"role": "user", "content": REMINDER + "say hello"}],
+        )
+    assert final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0) > 10000
+    assert final.stop_reason in ("end_turn", "tool_use"), final.content
+    assert final.usage.output_tokens < 400
+
+
+async def test_agent_sized_responses_request_stops(server: Server) -> None:
+    """A Codex-shaped turn: long instructions, a developer message, tools."""
+    async with oai(server) as client:
+        response = await client.responses.create(
+            model=MODEL,
+            max_output_tokens=512,
+            instructions=agent_sized_context(20000),
+            tools=[FORECAST, RUN],
+            input=[
+                {"role": "developer", "content": agent_sized_context(3000)},
+                {
+                    "role": "user",
+                    "content": "<environment_context>\n  <cwd>/tmp</cwd>\n</environment_context>",
+                },
+                {"role": "user", "content": "say hello"},
+            ],
+        )
+    assert response.usage.input_tokens > 8000
+    assert response.status == "completed", response.output
+    assert response.usage.output_tokens < 400

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import tinychat_data as data  # noqa: E402
+from foreign_text import ForeignText, add_foreign_context  # noqa: E402
 
 from mlxtrio.engine.output import OutputParser  # noqa: E402
 from mlxtrio.settings import EMBEDDED_MODEL_PATH  # noqa: E402
@@ -99,8 +100,10 @@ def parse(tokenizer, sample: data.Sample, ids: list[int]):
 
 
 def long_prompt_samples(
-    rng: random.Random, target_tokens: int, tokenizer, n: int
+    rng: random.Random, target_tokens: int, tokenizer, n: int, foreign: ForeignText | None = None
 ) -> list[list[int]]:
+    """``n`` held-out prompts whose system prompt is grown past ``target_tokens``:
+    with the stock rules lines, or with held-out real-world text (``foreign``)."""
     prompts = []
     for _ in range(n):
         sample = data.make_sample(rng, split="eval", long_ratio=1.0)
@@ -116,7 +119,8 @@ def long_prompt_samples(
             )
             if len(ids) >= target_tokens:
                 break
-            filler += "\n" + data._system_prompt(rng, True)
+            more = foreign.excerpt(rng, 4000) if foreign else data._system_prompt(rng, True)
+            filler += "\n" + more
             messages = [{"role": "system", "content": filler}] + [
                 m for m in sample.messages if m["role"] != "system"
             ]
@@ -162,6 +166,12 @@ def main() -> None:
     parser.add_argument(
         "--dtype", default="auto", help="compute dtype, as the server's COMPUTE_DTYPE setting"
     )
+    parser.add_argument(
+        "--foreign",
+        action="store_true",
+        help="held-out prompts carry held-out real-world text, as agent clients' do "
+        "(see foreign_text), and the long prompts are grown with it",
+    )
     args = parser.parse_args()
 
     from mlx_lm import load
@@ -173,6 +183,11 @@ def main() -> None:
     print(f"computing in {dtype}", flush=True)
     rng = random.Random(args.seed)
     samples = [data.make_sample(rng, split="eval", long_ratio=0.05) for _ in range(args.n)]
+    foreign = ForeignText("eval") if args.foreign else None
+    if foreign is not None:
+        foreign_rng = random.Random(args.seed + 13)
+        for sample in samples:
+            add_foreign_context(sample, foreign, foreign_rng)
     prompts = [
         tokenizer.apply_chat_template(
             s.messages, tools=s.tools, add_generation_prompt=True, enable_thinking=s.thinking
@@ -228,6 +243,7 @@ def main() -> None:
     print(
         f"held-out prompts: {args.n} (seed {args.seed}, unseen tool names), output cap {args.max_tokens}, {elapsed:.0f} s"
         + (", tool names constrained to the offered ones" if args.constrained else "")
+        + (", with real-world text in every prompt" if foreign else "")
     )
     print(f"EOS within cap:              {pct(eos, args.n)}   target >= 99 %")
     print(f"valid tool-call JSON:        {pct(valid, tool_samples)}   target >= 95 %")
@@ -238,7 +254,7 @@ def main() -> None:
     print(_selection_breakdown(selection))
     for size in (4096, 20000) if args.long else ():
         long_prompts = long_prompt_samples(
-            random.Random(args.seed + size), size, tokenizer, args.long
+            random.Random(args.seed + size), size, tokenizer, args.long, foreign
         )
         outs = generate_all(model, tokenizer, long_prompts, 512, batch=2)
         stops = sum(r == "stop" for _, r in outs)

@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import build_embedded_model as build  # noqa: E402
 import tinychat_data as data  # noqa: E402
+from foreign_text import ForeignText, add_foreign_context  # noqa: E402
 
 OUT = Path(__file__).parent.parent / "mlxtrio" / "assets" / "tiny-chat"
 
@@ -180,6 +182,20 @@ class TinyQwen3(nn.Module):
 
     def mlx_state(self) -> dict[str, torch.Tensor]:
         """Weights under mlx-lm's qwen3 names."""
+        return {
+            k: v.detach().to(torch.bfloat16).contiguous() for k, v in self._by_mlx_name().items()
+        }
+
+    @torch.no_grad()
+    def load_mlx_state(self, path: Path) -> None:
+        """Start from weights this class wrote (``model.safetensors``)."""
+        from safetensors.torch import load_file
+
+        saved = load_file(str(path))
+        for name, parameter in self._by_mlx_name().items():
+            parameter.copy_(saved[name].to(parameter.dtype))
+
+    def _by_mlx_name(self) -> dict[str, torch.Tensor]:
         out = {
             "model.embed_tokens.weight": self.embed_tokens.weight,
             "model.norm.weight": self.norm.weight,
@@ -192,7 +208,7 @@ class TinyQwen3(nn.Module):
                 out[p + f"mlp.{name}.weight"] = getattr(layer, name).weight
             out[p + "input_layernorm.weight"] = layer.input_layernorm.weight
             out[p + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight
-        return {k: v.detach().to(torch.bfloat16).contiguous() for k, v in out.items()}
+        return out
 
 
 # -- data ---------------------------------------------------------------------
@@ -553,9 +569,30 @@ def main() -> None:
         default=0.2,
         help="how often a request offering several tools asks for two calls",
     )
+    parser.add_argument(
+        "--foreign-ratio",
+        type=float,
+        default=0.0,
+        help="share of chat samples given real-world text in their prompt "
+        "(see foreign_text.add_foreign_context)",
+    )
+    parser.add_argument(
+        "--foreign-chars",
+        type=int,
+        default=4000,
+        help="longest foreign system prompt, in characters",
+    )
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        help="continue from the model in this directory (its weights and tokenizer) "
+        "instead of random weights and a fresh tokenizer",
+    )
     parser.add_argument("--probe-every", type=int, default=100)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
+    if args.init_from and not (args.init_from / "model.safetensors").is_file():
+        parser.error(f"--init-from {args.init_from}: no model.safetensors there")
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -563,10 +600,17 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     started = time.monotonic()
-    build.build_tokenizer(
-        args.out, args.seed, data.corpus(args.seed + 1, 4000, args.variety, args.names_in_reasoning)
-    )
-    build.write_config(args.out)
+    if args.init_from:
+        for file in args.init_from.iterdir():
+            if file.is_file() and file.name != "model.safetensors" and args.out != args.init_from:
+                shutil.copy(file, args.out / file.name)
+    else:
+        build.build_tokenizer(
+            args.out,
+            args.seed,
+            data.corpus(args.seed + 1, 4000, args.variety, args.names_in_reasoning),
+        )
+        build.write_config(args.out)
     if args.description_first:
         build.write_template(args.out, build.CHAT_TEMPLATE_DESCRIPTION_FIRST)
     from transformers import AutoTokenizer
@@ -574,6 +618,9 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(args.out))
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     encoded, context_ends = [], []
+    # Its own stream (like skip_rng below), so runs without it draw as before.
+    foreign_rng = random.Random(args.seed + 13)
+    foreign = ForeignText("train") if args.foreign_ratio else None
     while len(encoded) < args.samples:
         sample = data.make_sample(
             rng,
@@ -582,12 +629,18 @@ def main() -> None:
             names_in_reasoning=args.names_in_reasoning,
             two_call_ratio=args.two_call_ratio,
         )
+        prompt_weight = args.prompt_weight
+        if foreign is not None and foreign_rng.random() < args.foreign_ratio:
+            add_foreign_context(sample, foreign, foreign_rng, args.foreign_chars)
+            # Learning to predict Python's sources is no use to the model, and
+            # their many prompt tokens would dilute the completion's share of the loss.
+            prompt_weight = 0.0
         item = encode(
             tokenizer,
             sample,
             eos,
             args.max_len,
-            args.prompt_weight,
+            prompt_weight,
             args.call_weight,
             args.name_weight,
         )
@@ -606,7 +659,9 @@ def main() -> None:
 
     config = json.loads((args.out / "config.json").read_text())
     model = TinyQwen3(config)
-    if args.prev_token_init:
+    if args.init_from:
+        model.load_mlx_state(args.init_from / "model.safetensors")
+    elif args.prev_token_init:
         model.init_previous_token_head()
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {params / 1e6:.2f}M parameters", flush=True)
