@@ -2,6 +2,10 @@
 
     make train            # or: python tools/train_tiny_model.py --seed 0
 
+``make train`` runs two stages (the README's run 15): a base from random
+weights, then a short fine-tune of it (``--init-from``) with real-world text in
+half the prompts (``--foreign-ratio``).
+
 Reproducible: the data, the tokenizer and the initial weights all come from
 ``--seed``. Trains a Qwen3-architecture network in PyTorch on the CPU (much faster
 than MLX's CPU backend here), then writes weights in mlx-lm's ``qwen3`` layout
@@ -586,7 +590,7 @@ def main() -> None:
         "--init-from",
         type=Path,
         help="continue from the model in this directory (its weights and tokenizer) "
-        "instead of random weights and a fresh tokenizer",
+        "instead of random weights and a fresh tokenizer; --prev-token-init is then moot",
     )
     parser.add_argument("--probe-every", type=int, default=100)
     parser.add_argument("--out", type=Path, default=OUT)
