@@ -74,15 +74,22 @@ def _topics_text(path: Path) -> str:
 
 
 def add_foreign_context(
-    sample: data.Sample, foreign: ForeignText, rng: random.Random, max_chars: int = 6000
+    sample: data.Sample,
+    foreign: ForeignText,
+    rng: random.Random,
+    max_chars: int = 6000,
+    max_tools: int = 6,
+    tool_chance: float = 0.3,
 ) -> None:
     """Put real-world text where agent clients put theirs, in place.
 
     Each of these happens independently: a system prompt of foreign text (before
     or after the sample's own system prompt, if any); a tagged block of foreign
     text before the user's request; distractor tools whose descriptions are
-    foreign text. The completion does not change: the model learns to answer the
-    last request whatever surrounds it.
+    foreign text (``tool_chance``, up to ``max_tools`` of them; their
+    descriptions shrink as there are more, so that samples still fit). The
+    completion does not change: the model learns to answer the last request
+    whatever surrounds it.
     """
     messages = sample.messages
     if rng.random() < 0.7:
@@ -99,14 +106,17 @@ def add_foreign_context(
         tag = rng.choice(TAGS)
         block = f"<{tag}>\n{foreign.sized(rng, 100, max_chars // 4)}\n</{tag}>"
         messages[user] = {**messages[user], "content": f"{block}\n\n{messages[user]['content']}"}
-    if sample.tools and rng.random() < 0.3:
-        extra = [_foreign_tool(rng, foreign, i) for i in range(rng.randint(1, 6))]
+    if sample.tools and rng.random() < tool_chance:
+        longest = 1500 * 6 // max(6, max_tools)
+        extra = [_foreign_tool(rng, foreign, i, longest) for i in range(rng.randint(1, max_tools))]
         tools = sample.tools + extra
         rng.shuffle(tools)
         sample.tools = tools
 
 
-def _foreign_tool(rng: random.Random, foreign: ForeignText, i: int) -> dict[str, Any]:
+def _foreign_tool(
+    rng: random.Random, foreign: ForeignText, i: int, longest: int = 1500
+) -> dict[str, Any]:
     """A distractor tool described in foreign text, with a nested schema."""
     name = rng.choice(
         ["Task", "Notebook", "Web", "Skill", "Todo", "Mcp", "Shell", "Lsp"]
@@ -127,7 +137,7 @@ def _foreign_tool(rng: random.Random, foreign: ForeignText, i: int) -> dict[str,
         "type": "function",
         "function": {
             "name": f"{name}{i}" if rng.random() < 0.5 else name,
-            "description": foreign.sized(rng, 100, 1500),
+            "description": foreign.sized(rng, 100, longest),
             "parameters": {"type": "object", "properties": props, "required": list(props)[:1]},
         },
     }

@@ -587,6 +587,15 @@ def main() -> None:
         help="longest foreign system prompt, in characters",
     )
     parser.add_argument(
+        "--foreign-tools", type=int, default=6, help="most distractor tools of foreign text"
+    )
+    parser.add_argument(
+        "--foreign-tool-chance",
+        type=float,
+        default=0.3,
+        help="how often a foreign sample offering tools gets distractor tools",
+    )
+    parser.add_argument(
         "--init-from",
         type=Path,
         help="continue from the model in this directory (its weights and tokenizer) "
@@ -635,7 +644,14 @@ def main() -> None:
         )
         prompt_weight = args.prompt_weight
         if foreign is not None and foreign_rng.random() < args.foreign_ratio:
-            add_foreign_context(sample, foreign, foreign_rng, args.foreign_chars)
+            add_foreign_context(
+                sample,
+                foreign,
+                foreign_rng,
+                args.foreign_chars,
+                args.foreign_tools,
+                args.foreign_tool_chance,
+            )
             # Learning to predict Python's sources is no use to the model, and
             # their many prompt tokens would dilute the completion's share of the loss.
             prompt_weight = 0.0
