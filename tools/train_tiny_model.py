@@ -397,9 +397,8 @@ def skip_positions(
 
     Real agent prompts run to ~20k tokens, training samples to 4k. RoPE scores
     depend only on the distance between positions, so skipping the positions
-    after a point by up to
-    ``reach`` minus the sample's length shows the model every distance up to
-    ``reach`` at the cost of a 4k sample.
+    after a point by up to ``reach`` minus the sample's length shows the model
+    every distance up to ``reach`` at the cost of a 4k sample.
 
     The point falls in the system prompt's text (before ``context_ends[i]``), as
     in a real agent prompt, where the long part is the system prompt and the tool
@@ -614,9 +613,11 @@ def main() -> None:
 
     started = time.monotonic()
     if args.init_from:
-        for file in args.init_from.iterdir():
-            if file.is_file() and file.name != "model.safetensors" and args.out != args.init_from:
-                shutil.copy(file, args.out / file.name)
+        # The tokenizer, config and template come along; the weights are loaded below.
+        if args.init_from.resolve() != args.out.resolve():
+            for file in args.init_from.iterdir():
+                if file.is_file() and file.name != "model.safetensors":
+                    shutil.copy(file, args.out / file.name)
     else:
         build.build_tokenizer(
             args.out,
