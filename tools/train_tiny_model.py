@@ -18,8 +18,10 @@ completion only. Needs ``torch`` (``pip install torch==2.13.0``) and
 from __future__ import annotations
 
 import argparse
+import ctypes.util
 import json
 import math
+import os
 import random
 import shutil
 import sys
@@ -37,6 +39,32 @@ import tinychat_data as data  # noqa: E402
 from foreign_text import ForeignText, add_foreign_context  # noqa: E402
 
 OUT = Path(__file__).parent.parent / "mlxtrio" / "assets" / "tiny-chat"
+
+# jemalloc keeps freed blocks for reuse instead of returning them to the kernel.
+JEMALLOC_CONF = (
+    "oversize_threshold:1,background_thread:true,metadata_thp:auto,"
+    "dirty_decay_ms:-1,muzzy_decay_ms:-1"
+)
+
+
+def rerun_under_jemalloc() -> None:
+    """Restart this process with jemalloc preloaded, where Linux has it installed.
+
+    bf16 autocast makes and drops bf16 copies of weights and activations at
+    every step. glibc's malloc serves blocks that large straight from the kernel
+    and gives them back on free, so each step faults in fresh zeroed pages:
+    about 15 % of the CPU time went to the kernel. Under jemalloc a bf16 chat step
+    takes 1.2 s instead of 1.56 s on 2 cores (float32 steps: no change). Does
+    nothing when jemalloc is missing (e.g. macOS) or already loaded.
+    """
+    if sys.platform != "linux" or "jemalloc" in os.environ.get("LD_PRELOAD", ""):
+        return
+    library = ctypes.util.find_library("jemalloc")
+    if library is None:
+        print("jemalloc not found (apt-get install libjemalloc2): bf16 steps are slower")
+        return
+    env = {**os.environ, "LD_PRELOAD": library, "MALLOC_CONF": JEMALLOC_CONF}
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 # -- the model: mlx-lm's qwen3, in PyTorch ------------------------------------
@@ -510,8 +538,14 @@ def main() -> None:
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="float32 compiled by Inductor (about 2x faster on a CPU than the default "
-        "bf16 autocast in eager mode; not what trained the shipped weights)",
+        help="compile the model with Inductor (float32 unless --bf16; about 2x faster on "
+        "a CPU than the default, bf16 autocast in eager mode)",
+    )
+    parser.add_argument(
+        "--bf16",
+        action="store_true",
+        help="with --compile: bf16 autocast in the compiled model (matrix products in "
+        "bf16, float32 accumulation and weights)",
     )
     parser.add_argument(
         "--variety", action="store_true", help="fresh tool names and values per sample"
@@ -605,6 +639,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.init_from and not (args.init_from / "model.safetensors").is_file():
         parser.error(f"--init-from {args.init_from}: no model.safetensors there")
+    if args.bf16:
+        rerun_under_jemalloc()
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -705,8 +741,9 @@ def main() -> None:
             * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps))))
         ),
     )
-    # --compile: float32 compiled by Inductor; on a CPU about twice as fast as bf16
-    # autocast in eager mode (small matrices, many elementwise ops to fuse).
+    # --compile: compiled by Inductor; on a CPU about twice as fast as bf16 autocast
+    # in eager mode (small matrices, many elementwise ops to fuse). --bf16 adds bf16
+    # matrix products to it: a third less time per step (under jemalloc).
     step_model = torch.compile(model, dynamic=True) if args.compile else model
     stream = batches(encoded, args.tokens_per_batch, rng)
     # The warm-up: dense repeats in small batches (many cheap steps).
@@ -742,7 +779,7 @@ def main() -> None:
             targets = targets.reshape(-1)[positions]
         else:
             positions = None
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.compile):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16 or not args.compile):
             logits = step_model(ids, positions, rope_positions)
         per_token = F.cross_entropy(
             logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
