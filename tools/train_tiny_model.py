@@ -63,7 +63,8 @@ def rerun_under_jemalloc() -> None:
     if library is None:
         print("jemalloc not found (apt-get install libjemalloc2): bf16 steps are slower")
         return
-    env = {**os.environ, "LD_PRELOAD": library, "MALLOC_CONF": JEMALLOC_CONF}
+    preload = " ".join(filter(None, [library, os.environ.get("LD_PRELOAD")]))
+    env = {**os.environ, "LD_PRELOAD": preload, "MALLOC_CONF": JEMALLOC_CONF}
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
