@@ -113,13 +113,21 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(h, c["rms_norm_eps"])
         self.post_attention_layernorm = RMSNorm(h, c["rms_norm_eps"])
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        softness: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         b, n, _ = x.shape
         y = self.input_layernorm(x)
         q = self.q_norm(self.q_proj(y).view(b, n, self.nh, self.hd)).transpose(1, 2)
         k = self.k_norm(self.k_proj(y).view(b, n, self.nkv, self.hd)).transpose(1, 2)
         v = self.v_proj(y).view(b, n, self.nkv, self.hd).transpose(1, 2)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
+        if softness is not None:  # scales this row's attention scores (see --soften)
+            q = q * softness[:, None, None, None]
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         x = x + self.o_proj(attn.transpose(1, 2).reshape(b, n, -1))
         y = self.post_attention_layernorm(x)
@@ -186,13 +194,15 @@ class TinyQwen3(nn.Module):
         ids: torch.Tensor,
         positions: torch.Tensor | None = None,
         rope_positions: torch.Tensor | None = None,
+        softness: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits for every position of ``ids``, or only at ``positions`` (flat
         indices into batch x sequence): the output layer is a quarter of the
         model's work, and most positions of a batch carry little or no loss.
 
         ``rope_positions`` (batch x sequence) are the positions RoPE rotates by;
-        default ``0..n-1`` in every row (see ``skip_positions``)."""
+        default ``0..n-1`` in every row (see ``skip_positions``). ``softness``
+        (one factor per row) scales every attention score of that row."""
         n, hd = ids.shape[1], self.c["head_dim"]
         inv = 1.0 / (
             self.c["rope_theta"] ** (torch.arange(0, hd // 2, dtype=torch.float32) / (hd // 2))
@@ -207,7 +217,7 @@ class TinyQwen3(nn.Module):
         )
         x = self.embed_tokens(ids)
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, softness)
         x = self.norm(x)
         if positions is not None:
             x = x.reshape(-1, x.shape[-1])[positions]
@@ -448,6 +458,22 @@ def skip_positions(
     return rows
 
 
+def soften_attention(rows: int, lowest: float, generator: torch.Generator) -> torch.Tensor:
+    """A factor in ``[lowest, 1]`` per row, to scale that row's attention scores by.
+
+    On a prompt eight times its longest training sample (Claude Code's 34k
+    tokens), the model rambled: every head's softmax spreads over eight times
+    as many keys, and the few that matter lose their share. Scoring the real
+    request at a higher attention temperature proved the point (the README's
+    lessons), but one fixed temperature helped at 34k tokens and broke 16k ones.
+    Training with softer attention in some rows teaches the heads wider margins
+    between the keys that matter and the rest, which is what a long prompt asks
+    of them; at a factor of 1 nothing changes, so short prompts stay in the
+    training distribution.
+    """
+    return lowest + (1.0 - lowest) * torch.rand(rows, generator=generator)
+
+
 def sample_loss_positions(
     weights: torch.Tensor, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -600,6 +626,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--skip-reach", type=int, default=24576, help="largest position a jump reaches"
+    )
+    parser.add_argument(
+        "--soften",
+        type=float,
+        default=1.0,
+        help="scale each sample's attention scores in the chat phase by a factor drawn from "
+        "[SOFTEN, 1] (see soften_attention); 1 leaves them alone",
     )
     parser.add_argument(
         "--two-call-ratio",
@@ -756,10 +789,11 @@ def main() -> None:
     loss_sampler = torch.Generator().manual_seed(args.seed)
     # Its own stream, so runs without jumps draw exactly what they always did.
     skip_rng = random.Random(args.seed + 11)
+    soften_rng = torch.Generator().manual_seed(args.seed + 19)
     seen, loss_avg, t0 = 0, None, time.monotonic()
     last_at = t0  # time of the last progress line
     for step in range(1, args.steps + 1):
-        rope_positions = None
+        rope_positions = softness = None
         if warmup_stream is not None and step <= args.copy_warmup:
             ids, targets, weights = collate(warm, next(warmup_stream))
         else:
@@ -775,13 +809,15 @@ def main() -> None:
                     args.skip_ratio,
                     args.skip_reach,
                 )
+            if args.soften < 1.0:
+                softness = soften_attention(len(group), args.soften, soften_rng)
         if args.sample_prompt_loss:
             positions, weights = sample_loss_positions(weights, loss_sampler)
             targets = targets.reshape(-1)[positions]
         else:
             positions = None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16 or not args.compile):
-            logits = step_model(ids, positions, rope_positions)
+            logits = step_model(ids, positions, rope_positions, softness)
         per_token = F.cross_entropy(
             logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
         )
