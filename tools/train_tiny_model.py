@@ -673,6 +673,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.init_from and not (args.init_from / "model.safetensors").is_file():
         parser.error(f"--init-from {args.init_from}: no model.safetensors there")
+    if not 0.0 < args.soften <= 1.0:
+        parser.error(f"--soften {args.soften}: the lowest factor must be in (0, 1]")
     if args.bf16:
         rerun_under_jemalloc()
 
