@@ -2,9 +2,10 @@
 
     make train            # or: python tools/train_tiny_model.py --seed 0
 
-``make train`` runs two stages (the README's run 15): a base from random
-weights, then a short fine-tune of it (``--init-from``) with real-world text in
-half the prompts (``--foreign-ratio``).
+``make train`` runs two stages (the README's run 27): a base from random
+weights, its first steps with bf16 products (``--bf16 mlp,proj --bf16-steps``),
+then a short float32 fine-tune of it (``--init-from``) with real-world text in
+half the prompts (``--foreign-ratio``) and softened attention (``--soften``).
 
 Reproducible: the data, the tokenizer and the initial weights all come from
 ``--seed``. Trains a Qwen3-architecture network in PyTorch on the CPU (much faster
@@ -84,6 +85,13 @@ class RMSNorm(nn.Module):
         ) * self.weight
 
 
+def bf16_products(scopes: frozenset[str], scope: str):
+    """bf16 autocast for the matrix products of ``scope`` ("mlp" or "proj"), if it
+    is one of ``scopes`` (``--bf16 mlp,proj``); a no-op context otherwise. Outside
+    these regions attention and the output layer stay float32."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=scope in scopes)
+
+
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Non-traditional RoPE (rotate halves), as mlx.nn.RoPE(traditional=False)."""
     half = x.shape[-1] // 2
@@ -92,8 +100,9 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    def __init__(self, c: dict) -> None:
+    def __init__(self, c: dict, bf16: frozenset[str] = frozenset()) -> None:
         super().__init__()
+        self.bf16 = bf16
         h, nh, nkv, hd = (
             c["hidden_size"],
             c["num_attention_heads"],
@@ -122,24 +131,30 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         b, n, _ = x.shape
         y = self.input_layernorm(x)
-        q = self.q_norm(self.q_proj(y).view(b, n, self.nh, self.hd)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(y).view(b, n, self.nkv, self.hd)).transpose(1, 2)
-        v = self.v_proj(y).view(b, n, self.nkv, self.hd).transpose(1, 2)
+        with bf16_products(self.bf16, "proj"):
+            q, k, v = self.q_proj(y), self.k_proj(y), self.v_proj(y)
+        q = self.q_norm(q.float().view(b, n, self.nh, self.hd)).transpose(1, 2)
+        k = self.k_norm(k.float().view(b, n, self.nkv, self.hd)).transpose(1, 2)
+        v = v.view(b, n, self.nkv, self.hd).transpose(1, 2).to(q.dtype)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         if softness is not None:  # scales this row's attention scores (see --soften)
             q = q * softness[:, None, None, None]
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        x = x + self.o_proj(attn.transpose(1, 2).reshape(b, n, -1))
+        with bf16_products(self.bf16, "proj"):
+            out = self.o_proj(attn.transpose(1, 2).reshape(b, n, -1))
+        x = x + out.to(x.dtype)
         y = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
+        with bf16_products(self.bf16, "mlp"):
+            out = self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
+        return x + out.to(x.dtype)
 
 
 class TinyQwen3(nn.Module):
-    def __init__(self, c: dict) -> None:
+    def __init__(self, c: dict, bf16: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.c = c
         self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
-        self.layers = nn.ModuleList(Block(c) for _ in range(c["num_hidden_layers"]))
+        self.layers = nn.ModuleList(Block(c, bf16) for _ in range(c["num_hidden_layers"]))
         self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
         nn.init.normal_(self.embed_tokens.weight, std=0.02)
         for layer in self.layers:
@@ -222,6 +237,24 @@ class TinyQwen3(nn.Module):
         if positions is not None:
             x = x.reshape(-1, x.shape[-1])[positions]
         return x @ self.embed_tokens.weight.T  # tied embeddings
+
+    @property
+    def bf16(self) -> frozenset[str]:
+        return self.layers[0].bf16
+
+    def to_float32(self, compile: bool) -> nn.Module:
+        """Drop the bf16 products (``--bf16-steps``): the model to step from now on,
+        recompiled if ``compile`` (the compiled graph has the bf16 casts baked in).
+
+        Precision matters most late: in every run with bf16 products to the end
+        (18, 19, 26) the base's selection collapsed, while the loss fell as fast
+        as in float32."""
+        for layer in self.layers:
+            layer.bf16 = frozenset()
+        if not compile:
+            return self
+        torch._dynamo.reset()
+        return torch.compile(self, dynamic=True)
 
     def mlx_state(self) -> dict[str, torch.Tensor]:
         """Weights under mlx-lm's qwen3 names."""
@@ -550,6 +583,14 @@ class NameProbe:
         )
 
 
+def bf16_scopes(value: str) -> frozenset[str]:
+    """Parse ``--bf16``'s value: "all", or a comma-separated subset of mlp, proj."""
+    scopes = frozenset(part.strip() for part in value.split(","))
+    if scopes == {"all"} or (scopes and scopes <= {"mlp", "proj"}):
+        return scopes
+    raise argparse.ArgumentTypeError(f"{value!r}: expected 'all' or a subset of 'mlp,proj'")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
@@ -570,9 +611,21 @@ def main() -> None:
     )
     parser.add_argument(
         "--bf16",
-        action="store_true",
-        help="with --compile: bf16 autocast in the compiled model (matrix products in "
-        "bf16, float32 accumulation and weights)",
+        nargs="?",
+        const="all",
+        type=bf16_scopes,
+        default=frozenset(),
+        metavar="SCOPES",
+        help="with --compile: bf16 matrix products (float32 accumulation and weights). "
+        "Alone: bf16 autocast over the whole model (runs 18, 19); or a comma-separated "
+        "subset of 'mlp' and 'proj' (attention's projections), keeping attention and "
+        "the output layer in float32",
+    )
+    parser.add_argument(
+        "--bf16-steps",
+        type=int,
+        default=None,
+        help="with --bf16 SCOPES: only the first this many steps, float32 after them",
     )
     parser.add_argument(
         "--variety", action="store_true", help="fresh tool names and values per sample"
@@ -675,6 +728,8 @@ def main() -> None:
         parser.error(f"--init-from {args.init_from}: no model.safetensors there")
     if not 0.0 < args.soften <= 1.0:
         parser.error(f"--soften {args.soften}: the lowest factor must be in (0, 1]")
+    if args.bf16_steps is not None and not args.bf16 - {"all"}:
+        parser.error("--bf16-steps needs --bf16 with scopes (mlp, proj)")
     if args.bf16:
         rerun_under_jemalloc()
 
@@ -751,7 +806,7 @@ def main() -> None:
     )
 
     config = json.loads((args.out / "config.json").read_text())
-    model = TinyQwen3(config)
+    model = TinyQwen3(config, args.bf16 - {"all"})
     if args.init_from:
         model.load_mlx_state(args.init_from / "model.safetensors")
     elif args.prev_token_init:
@@ -795,6 +850,8 @@ def main() -> None:
     seen, loss_avg, t0 = 0, None, time.monotonic()
     last_at = t0  # time of the last progress line
     for step in range(1, args.steps + 1):
+        if step - 1 == args.bf16_steps and model.bf16:
+            step_model = model.to_float32(args.compile)
         rope_positions = softness = None
         if warmup_stream is not None and step <= args.copy_warmup:
             ids, targets, weights = collate(warm, next(warmup_stream))
@@ -818,7 +875,9 @@ def main() -> None:
             targets = targets.reshape(-1)[positions]
         else:
             positions = None
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16 or not args.compile):
+        with torch.autocast(
+            "cpu", dtype=torch.bfloat16, enabled="all" in args.bf16 or not args.compile
+        ):
             logits = step_model(ids, positions, rope_positions, softness)
         per_token = F.cross_entropy(
             logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
