@@ -133,20 +133,21 @@ class Block(nn.Module):
         y = self.input_layernorm(x)
         with bf16_products(self.bf16, "proj"):
             q, k, v = self.q_proj(y), self.k_proj(y), self.v_proj(y)
+        # bf16 products come back in bf16; attention and the residual stream stay float32.
         q = self.q_norm(q.float().view(b, n, self.nh, self.hd)).transpose(1, 2)
         k = self.k_norm(k.float().view(b, n, self.nkv, self.hd)).transpose(1, 2)
-        v = v.view(b, n, self.nkv, self.hd).transpose(1, 2).to(q.dtype)
+        v = v.float().view(b, n, self.nkv, self.hd).transpose(1, 2)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         if softness is not None:  # scales this row's attention scores (see --soften)
             q = q * softness[:, None, None, None]
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         with bf16_products(self.bf16, "proj"):
             out = self.o_proj(attn.transpose(1, 2).reshape(b, n, -1))
-        x = x + out.to(x.dtype)
+        x = x + out.float()
         y = self.post_attention_layernorm(x)
         with bf16_products(self.bf16, "mlp"):
             out = self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
-        return x + out.to(x.dtype)
+        return x + out.float()
 
 
 class TinyQwen3(nn.Module):
