@@ -26,17 +26,19 @@ import trio
 class QueueFull(Exception):
     """The waiting room is full; retry after ``retry_after`` seconds."""
 
-    def __init__(self, model: str, capacity: int, waiting_room: int) -> None:
+    def __init__(self, what: str, capacity: int, waiting_room: int) -> None:
         super().__init__(
-            f"Model queue full: {model!r} is running {capacity} request(s) and "
+            f"Queue full: {what} is running {capacity} request(s) and "
             f"{waiting_room} more are waiting. Retry after 1s."
         )
         self.retry_after = 1
 
 
 class AdmissionLane:
-    def __init__(self, model: str, capacity: int, waiting_room: int) -> None:
-        self.model = model
+    """``what`` names the lane in refusals (e.g. ``model 'qwen'``)."""
+
+    def __init__(self, what: str, capacity: int, waiting_room: int) -> None:
+        self.what = what
         self.capacity = capacity
         self.waiting_room = waiting_room
         self._slots = trio.Semaphore(capacity)  # FIFO-fair
@@ -52,7 +54,7 @@ class AdmissionLane:
         """Claim a place in the lane, or raise :class:`QueueFull` immediately."""
         free_slots = self._slots.value
         if self._reserved >= free_slots + self.waiting_room:
-            raise QueueFull(self.model, self.capacity, self.waiting_room)
+            raise QueueFull(self.what, self.capacity, self.waiting_room)
         self._reserved += 1
         return Ticket(self)
 

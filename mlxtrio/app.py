@@ -8,7 +8,6 @@ the environment (``MLXTRIO_*``). ``create_app(settings)`` builds one explicitly
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Any
 
@@ -18,7 +17,9 @@ from quart_trio import QuartTrio
 
 from .api import health, messages, models, responses
 from .api.deps import CLEANUP_KEY, NURSERY_KEY
-from .http import transport
+from .http import access_log, transport
+from .lifecycle import drain_with_hypercorn, exit_hypercorn
+from .logs import configure_logging
 from .services import Services
 from .settings import Settings
 
@@ -49,15 +50,27 @@ class MlxtrioApp(QuartTrio):
             await super().__call__(scope, receive, send)
             return
         cleanups: list[Any] = []
-        scope = {**scope, CLEANUP_KEY: cleanups}
+        record = access_log.AccessRecord(scope.get("method", "?"), scope.get("path", "?"))
+        scope = {**scope, CLEANUP_KEY: cleanups, access_log.RECORD_KEY: record}
+
+        async def send_noting_status(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+                record.stream = any(
+                    name.lower() == b"content-type" and value.startswith(b"text/event-stream")
+                    for name, value in message.get("headers", ())
+                )
+            await send(message)
+
         try:
             async with trio.open_nursery() as nursery:
                 scope[NURSERY_KEY] = nursery
-                await super().__call__(scope, receive, send)
+                await super().__call__(scope, receive, send_noting_status)  # type: ignore[arg-type]
                 nursery.cancel_scope.cancel()
         finally:
             for cleanup in cleanups:
                 cleanup()
+            access_log.write(record)
 
 
 def _async_library() -> str:
@@ -76,7 +89,7 @@ async def _refuse_non_trio(scope: Any, receive: Any, send: Any) -> None:
             # One clear line, then leave: hypercorn would add a traceback to a
             # lifespan failure, and a server that cannot serve must not start.
             print(f"error: {TRIO_WORKER_HINT}", file=sys.stderr, flush=True)
-            os._exit(EXIT_WRONG_WORKER)
+            exit_hypercorn(EXIT_WRONG_WORKER)
         return
     if scope["type"] == "http":
         body = TRIO_WORKER_HINT.encode()
@@ -104,7 +117,7 @@ def create_app(settings: Settings | None = None) -> MlxtrioApp:
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
     services = Services(settings)
     app.extensions["mlxtrio"] = services
-    transport.install(app, settings.api_key)
+    transport.install(app, settings.api_key, settings.cors_origins, settings.allowed_hosts)
     for blueprint in (health.blueprint, models.blueprint, responses.blueprint, messages.blueprint):
         app.register_blueprint(blueprint)
     _count_requests(app, services)
@@ -113,6 +126,7 @@ def create_app(settings: Settings | None = None) -> MlxtrioApp:
     async def _start() -> None:
         services.start(app.nursery)
         await services.open_store(app.nursery)
+        app.nursery.start_soon(drain_with_hypercorn, services.drain, settings.shutdown_grace)
 
     @app.after_serving
     async def _stop() -> None:
@@ -131,16 +145,9 @@ def _count_requests(app: MlxtrioApp, services: Services) -> None:
         return response
 
 
-def _configure_logging(level: str) -> None:
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
-
-
 def _module_app() -> MlxtrioApp:
     settings = Settings.from_env()
-    _configure_logging(settings.log_level)
+    configure_logging(settings.log_level)
     return create_app(settings)
 
 

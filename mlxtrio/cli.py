@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import trio
 
+from .logs import configure_logging
 from .settings import Settings, SettingsError, parse_aliases
 
 log = logging.getLogger("mlxtrio")
@@ -25,6 +26,8 @@ HELP = {
     "capacity": "concurrent sequences per model",
     "waiting_room": "queued requests per model before 429",
     "prefix_cache_bytes": "prefix KV cache budget per model (-1 auto, 0 off)",
+    "prefill_chunk": "most prompt tokens prefilled per engine step",
+    "prefill_step_seconds": "seconds of prefill per engine step (bounds token gaps and hang-up latency)",
     "compute_dtype": "auto (float32 on a CPU with a fast BLAS), model, float32, bfloat16, float16",
     "shutdown_grace": "seconds in-flight generations get at shutdown",
     "database_url": "response store URL, or none",
@@ -115,9 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.log_level)
     if args.command == "models":
         from .services import _model_specs
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,10 +37,12 @@ class Services:
     settings: Settings
     registry: ModelRegistry = field(init=False)
     lanes: dict[str, AdmissionLane] = field(init=False)
+    render_lane: AdmissionLane = field(init=False)
     metrics: Metrics = field(init=False)
     sealer: ReasoningSealer = field(init=False)
     store: ResponseStore | None = None
     started: bool = False
+    _nursery: trio.Nursery | None = None
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -56,12 +58,18 @@ class Services:
                 path,
                 capacity=s.capacity,
                 prefill_chunk=s.prefill_chunk,
+                prefill_step_seconds=s.prefill_step_seconds,
                 default_max_tokens=s.default_max_tokens,
                 prefix_cache_bytes=s.prefix_cache_budget,
                 compute_dtype=s.compute_dtype,
             )
             self.registry.add(engine)
-            self.lanes[name] = AdmissionLane(name, s.capacity, s.waiting_room)
+            self.lanes[name] = AdmissionLane(f"model {name!r}", s.capacity, s.waiting_room)
+        # Prompt rendering and tokenization (count_tokens included) are CPU work
+        # beside the engines: one at a time, so they cannot starve generation.
+        self.render_lane = AdmissionLane(
+            "prompt rendering", 1, 2 * (s.waiting_room + s.capacity * len(self.lanes))
+        )
         self.metrics = Metrics(self._live_sources)
         self.sealer = ReasoningSealer.from_key_file(s.data_path / "reasoning.key")
 
@@ -76,10 +84,17 @@ class Services:
         routes answer 503 until an engine is ready; a model that fails to load
         stays 503 with the reason.
         """
+        self._nursery = nursery
         for engine in self.registry:
             engine.launch()
             nursery.start_soon(self._report_ready, engine)
         self.started = True
+
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None:
+        """Run ``fn(*args)`` in the background for as long as the app serves
+        (work that must outlive the request that asked for it)."""
+        assert self._nursery is not None, "spawn() before start()"
+        self._nursery.start_soon(fn, *args)
 
     async def open_store(self, nursery: trio.Nursery) -> None:
         """Open the response store and start its expiry sweep. A store that cannot
@@ -89,11 +104,16 @@ class Services:
         if url is None:
             log.info("response store disabled (database_url=none)")
             return
-        store = ResponseStore(url)
+        store = ResponseStore(url, timeout=self.settings.store_timeout)
         try:
             await store.open()
         except StoreError as exc:
-            log.error("cannot open the response store at %s: %s; continuing without it", url, exc)
+            log.error(
+                "cannot open the response store at %s: %s (%s); continuing without it",
+                store.redacted_url,
+                exc,
+                exc.detail,
+            )
             return
         self.store = store
         nursery.start_soon(self._sweep_forever, store)
@@ -105,7 +125,7 @@ class Services:
                 if removed:
                     log.info("response store: removed %d expired responses", removed)
             except StoreError as exc:
-                log.warning("response store sweep failed: %s", exc)
+                log.warning("response store sweep failed: %s (%s)", exc, exc.detail)
             await trio.sleep(self.settings.store_sweep_interval)
 
     @staticmethod
@@ -115,12 +135,14 @@ class Services:
         except EngineError:
             pass  # the engine thread logged why; /health reports it
 
-    async def drain(self) -> None:
-        """Refuse new generations; let in-flight ones finish within the grace
-        period, then cancel them (each stream still sends its terminal event)."""
+    async def drain(self, grace: float | None = None) -> None:
+        """Refuse new generations; let in-flight ones finish within ``grace``
+        seconds (default: the shutdown_grace setting), then cancel them (each
+        stream still sends its terminal event)."""
+        grace = self.settings.shutdown_grace if grace is None else grace
         async with trio.open_nursery() as nursery:
             for engine in self.registry:
-                nursery.start_soon(engine.drain, self.settings.shutdown_grace)
+                nursery.start_soon(engine.drain, grace)
 
     async def stop(self) -> None:
         async with trio.open_nursery() as nursery:

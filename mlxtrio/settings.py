@@ -46,6 +46,13 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str = ""
+    # Browser origins allowed to call the server (comma-separated, fnmatch
+    # patterns such as http://localhost:*, or *). Empty: no CORS at all, and
+    # requests that carry any Origin are refused.
+    cors_origins: str = ""
+    # Extra Host names accepted on a loopback address (a reverse proxy that
+    # keeps the public name); loopback names always are. * turns the check off.
+    allowed_hosts: str = ""
 
     # Admission: running sequences per model, and how many may wait for a slot.
     capacity: int = 4
@@ -56,7 +63,11 @@ class Settings:
     prefix_cache_bytes: int = -1
     default_max_tokens: int = 4096  # clamped to max_output_tokens
     max_output_tokens: int = 32768
-    prefill_chunk: int = 512
+    # Prefill is paced by time: each engine step prefills for about
+    # prefill_step_seconds (running streams wait that long for their next token,
+    # and a hang-up is noticed within it), in chunks of at most prefill_chunk tokens.
+    prefill_chunk: int = 2048
+    prefill_step_seconds: float = 0.25
     # Floating-point type to compute in: auto = float32 on a CPU with a fast BLAS
     # (several times faster prefill there), else the checkpoint's own; "model"
     # always keeps the checkpoint's; or float32 / bfloat16 / float16.
@@ -72,6 +83,7 @@ class Settings:
     database_url: str = ""
     data_dir: str = ""  # default: the platform's user data dir for mlxtrio
     response_retention: int = 7 * 24 * 3600
+    store_timeout: float = 5.0  # any store call (reads, deletes, start-up)
     store_write_timeout: float = 5.0
     store_sweep_interval: float = 300.0
     log_level: str = "info"
@@ -139,9 +151,11 @@ class Settings:
         if not 60 <= self.response_retention <= 7776000:
             raise SettingsError("response_retention must be within [60, 7776000] seconds")
         for name in (
+            "prefill_step_seconds",
             "sse_keepalive",
             "sse_drain_timeout",
             "shutdown_grace",
+            "store_timeout",
             "store_write_timeout",
             "store_sweep_interval",
         ):

@@ -134,7 +134,7 @@ class RawConnection:
         payload = json.dumps(body).encode()
         lines = [
             f"POST {path} HTTP/1.1",
-            "Host: test",
+            "Host: 127.0.0.1",
             "Content-Type: application/json",
             f"Content-Length: {len(payload)}",
             *(f"{k}: {v}" for k, v in (headers or {}).items()),

@@ -313,7 +313,7 @@ VALIDATION_CASES = [
         "Missing required field: model",
     ),
     ({"model": SCRIPTED, "max_tokens": 5}, "Missing required field: messages"),
-    ({"model": SCRIPTED, "max_tokens": 5, "messages": []}, "Missing required field: messages"),
+    ({"model": SCRIPTED, "max_tokens": 5, "messages": []}, 'Field "messages" must be a non-empty'),
     (
         {"model": SCRIPTED, "messages": [{"role": "user", "content": "x"}]},
         "Missing required field: max_tokens",
@@ -336,11 +336,11 @@ VALIDATION_CASES = [
     ),
     (
         {"model": SCRIPTED, "max_tokens": 5, "messages": [None]},
-        "Each message must be a non-null object",
+        'Field "messages.0" must be an object',
     ),
     (
         {"model": SCRIPTED, "max_tokens": 5, "messages": [{"role": "wizard", "content": "x"}]},
-        'Unsupported message role: "wizard"',
+        'Unsupported role "wizard" at messages.0.role',
     ),
     (
         {
@@ -349,7 +349,7 @@ VALIDATION_CASES = [
             "system": [{"type": "image"}],
             "messages": [{"role": "user", "content": "x"}],
         },
-        'Unsupported system block type: "image"',
+        'Unsupported type "image" at system.0.type',
     ),
     (
         {
@@ -357,7 +357,7 @@ VALIDATION_CASES = [
             "max_tokens": 5,
             "messages": [{"role": "user", "content": [{"type": "video"}]}],
         },
-        'Unsupported content block type: "video"',
+        'Unsupported type "video" at messages.0.content.0.type',
     ),
     (
         {
@@ -365,7 +365,7 @@ VALIDATION_CASES = [
             "max_tokens": 5,
             "messages": [{"role": "assistant", "content": [{"type": "audio"}]}],
         },
-        'Unsupported assistant content block type: "audio"',
+        'Unsupported type "audio" at messages.0.content.0.type',
     ),
     (
         {
@@ -384,7 +384,7 @@ VALIDATION_CASES = [
             "tools": [WEATHER],
             "messages": [{"role": "user", "content": "x"}],
         },
-        "no name was provided",
+        "Missing required field: tool_choice.name",
     ),
     (
         {

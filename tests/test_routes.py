@@ -124,7 +124,8 @@ async def test_query_string_is_ignored_by_routing(server: Server) -> None:
     assert r.json()["object"] == "response"
 
 
-async def test_cors_preflight(server: Server) -> None:
+async def test_cors_preflight_when_every_origin_is_allowed(server_factory) -> None:
+    server = await server_factory(cors_origins="*")
     async with server.client() as client:
         r = await client.options(
             "/v1/responses",
@@ -132,10 +133,10 @@ async def test_cors_preflight(server: Server) -> None:
         )
         plain = await client.get("/health")
     assert r.status_code == 204
-    assert r.headers["access-control-allow-origin"] == "*"
+    assert r.headers["access-control-allow-origin"] == "http://example.test"
     assert "POST" in r.headers["access-control-allow-methods"]
     assert "x-api-key" in r.headers["access-control-allow-headers"]
-    assert plain.headers["access-control-allow-origin"] == "*"
+    assert "access-control-allow-origin" not in plain.headers  # no Origin, no CORS
 
 
 async def test_api_key_checks(server_factory) -> None:
@@ -204,8 +205,8 @@ async def test_validation_errors_have_param(server: Server) -> None:
             "metadata.retention_seconds",
         ),
         ({"model": MODEL, "input": "hi", "temperature": 9}, 400, "temperature"),
-        ({"model": MODEL, "input": [{"type": "bogus"}]}, 400, "input"),
-        ({"model": MODEL, "input": [{"role": "wizard", "content": "x"}]}, 400, "input"),
+        ({"model": MODEL, "input": [{"type": "bogus"}]}, 400, "input.0.type"),
+        ({"model": MODEL, "input": [{"role": "wizard", "content": "x"}]}, 400, "input.0.role"),
     ]
     async with server.client() as client:
         for body, status, param in cases:
@@ -240,6 +241,8 @@ async def test_alias_pattern_resolves_to_served_model(server_factory) -> None:
 async def test_no_stack_trace_on_garbage(server: Server) -> None:
     async with server.client() as client:
         for content in (b"\xff\xfe", b"null", b'"str"', b"[]"):
-            r = await client.post("/v1/responses", content=content)
+            r = await client.post(
+                "/v1/responses", content=content, headers={"Content-Type": "application/json"}
+            )
             assert r.status_code == 400, content
             assert "Traceback" not in r.text

@@ -10,6 +10,7 @@ from quart import current_app, request
 
 from ..engine.engine import Engine, EngineState
 from ..engine.registry import UnknownModel
+from ..http.access_log import AccessRecord, current_record
 from ..http.errors import ApiError, not_found, unavailable
 from ..services import Services
 
@@ -33,13 +34,21 @@ def on_request_end(callback: Callable[[], None]) -> None:
     cast(dict[str, Any], request.scope)[CLEANUP_KEY].append(callback)
 
 
+def access_record() -> AccessRecord:
+    """This request's access-log record (routes fill in what they know)."""
+    return current_record(cast(dict[str, Any], request.scope))
+
+
 def resolve_engine(model: str) -> Engine:
     try:
         engine = services().registry.resolve(model)
     except UnknownModel as exc:
         raise not_found(str(exc)) from None
+    access_record().model = engine.name
     if engine.state is EngineState.LOADING:
         raise unavailable(f"Model {engine.name!r} is still loading; retry shortly")
+    if engine.state is EngineState.RESTARTING:
+        raise unavailable(f"Model {engine.name!r} is restarting after an engine failure; retry")
     if engine.state is not EngineState.READY:
         raise ApiError(
             503,

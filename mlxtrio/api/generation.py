@@ -3,10 +3,11 @@ place in the admission lane, run the turn."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..admission import QueueFull, Ticket
+from ..admission import AdmissionLane, QueueFull, Ticket
 from ..chat.conversation import Conversation
 from ..chat.prompt import PromptError, RenderedPrompt, render
 from ..chat.turn import OnSegment, TurnResult, run_turn
@@ -15,24 +16,62 @@ from ..engine.engine import Engine
 from ..engine.handle import EngineError
 from ..engine.prefix_cache import Match
 from ..engine.types import SamplingParams, TextConstraint
-from ..http.errors import invalid_request, rate_limited, server_error
+from ..http.errors import ApiError, invalid_request, rate_limited, server_error
 from ..http.transport import client_domain
-from .deps import on_request_end, services
+from .deps import access_record, on_request_end, services
 
 
 async def render_prompt(engine: Engine, conversation: Conversation) -> RenderedPrompt:
     """Token ids for ``conversation``; a 400 when it cannot be rendered or does
-    not fit the model's context (answered before any stream starts)."""
+    not fit the model's context (answered before any stream starts).
+
+    Rendering is CPU work on a worker thread, so it goes through the server's
+    render lane (one at a time, 429 when too many wait) and a prompt that
+    cannot fit is refused from its length alone, before paying for its
+    tokenization (10 MB took 14 s)."""
+    lower_bound = -(-prompt_characters(conversation) // engine.max_token_chars)
+    if lower_bound >= engine.context_length:
+        raise context_too_long(lower_bound, engine, estimated=True)
+    ticket = reserve_place(services().render_lane)
     try:
-        prompt = await render(engine.tokenizer, conversation)
+        async with ticket:
+            prompt = await render(engine.tokenizer, conversation)
     except PromptError as exc:
         raise invalid_request(str(exc), "input") from None
+    finally:
+        ticket.release()
     if len(prompt.tokens) >= engine.context_length:
-        raise invalid_request(
-            f"context_length_exceeded: the prompt has {len(prompt.tokens)} tokens but "
-            f"model {engine.name!r} has a context of {engine.context_length}; shorten the input"
-        )
+        raise context_too_long(len(prompt.tokens), engine)
+    access_record().prompt_tokens = len(prompt.tokens)
     return prompt
+
+
+def prompt_characters(conversation: Conversation) -> int:
+    """Characters the chat template will at least render for ``conversation``."""
+    total = 0
+    for message in conversation.messages:
+        total += len(message.content) + len(message.reasoning)
+        for call in message.tool_calls:
+            total += len(call.name) + len(json.dumps(call.arguments, ensure_ascii=False))
+    for tool in conversation.tools:
+        total += len(tool.name) + len(tool.description)
+        total += len(json.dumps(tool.parameters, ensure_ascii=False))
+    return total
+
+
+def context_too_long(tokens: int, engine: Engine, estimated: bool = False) -> ApiError:
+    """The context overflow error, worded as Anthropic words it (Claude Code
+    compacts its conversation on this wording) and coded as OpenAI codes it."""
+    how = " (at least; counted from its length)" if estimated else ""
+    return ApiError(
+        400,
+        f"prompt is too long: {tokens} tokens > {engine.context_length} maximum{how}: "
+        f"model {engine.name!r} has a context of {engine.context_length} tokens; "
+        "shorten the input",
+        "invalid_request_error",
+        param="input",
+        code="context_length_exceeded",
+    )
 
 
 def output_budget(requested: int | None, engine: Engine, prompt: RenderedPrompt) -> int:
@@ -85,15 +124,20 @@ def tool_call_constraints(
     return tuple(constraints)
 
 
-def reserve(engine: Engine) -> Ticket:
-    """A place in the model's admission lane (429 if the waiting room is full),
-    released when the request ends, however it ends."""
+def reserve_place(lane: AdmissionLane) -> Ticket:
+    """A place in ``lane`` (429 if its waiting room is full), released when the
+    request ends, however it ends."""
     try:
-        ticket = services().lanes[engine.name].reserve()
+        ticket = lane.reserve()
     except QueueFull as exc:
         raise rate_limited(str(exc), exc.retry_after) from None
     on_request_end(ticket.release)
     return ticket
+
+
+def reserve(engine: Engine) -> Ticket:
+    """A place in the model's admission lane (see :func:`reserve_place`)."""
+    return reserve_place(services().lanes[engine.name])
 
 
 @dataclass
@@ -155,8 +199,12 @@ async def generate(
         raise server_error(f"generation failed: {exc}") from None
     finally:
         ticket.release()
-    if result.stats.time_to_first_token is not None:
-        services().metrics.ttft.labels(engine.name).observe(result.stats.time_to_first_token)
+    stats = result.stats
+    if stats.time_to_first_token is not None:
+        services().metrics.ttft.labels(engine.name).observe(stats.time_to_first_token)
+    record = access_record()
+    record.cached_tokens, record.generated_tokens = stats.cached_tokens, stats.generated_tokens
+    record.ttft, record.finish = stats.time_to_first_token, result.finish_reason
     return result
 
 

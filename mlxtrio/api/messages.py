@@ -6,21 +6,23 @@ any stream byte; errors use the Anthropic envelope (the path decides).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
 
 from quart import Blueprint, Response, jsonify
 
-from ..chat.from_anthropic import MessagesRequest, parse_request
+from ..chat.conversation import Conversation
+from ..chat.from_anthropic import to_conversation
 from ..chat.prompt import RenderedPrompt
 from ..chat.tool_order import ANTHROPIC, ToolOrderError, validate_tool_order
 from ..chat.turn import OnSegment, TurnResult
 from ..engine.engine import Engine
-from ..engine.types import SamplingParams
 from ..http.errors import ApiError, invalid_request, unavailable
-from ..http.sse import ANTHROPIC_PING, SSE_HEADERS, EventSink, EventStream
+from ..http.sse import ANTHROPIC_PING, CLIENT_GONE, SSE_HEADERS, EventSink, EventStream
 from ..http.transport import read_json_body
 from ..protocol.anthropic import MessageObject
+from ..protocol.anthropic_requests import CountTokensRequest, MessagesRequest
 from .deps import request_nursery, resolve_engine, services
 from .generation import (
     SHUTDOWN_MESSAGE,
@@ -33,6 +35,9 @@ from .generation import (
     tool_call_constraints,
 )
 from .messages_events import MessageAssembler
+from .validation import conversation_errors, parse
+
+log = logging.getLogger("mlxtrio.messages")
 
 blueprint = Blueprint("messages", __name__)
 
@@ -40,28 +45,26 @@ blueprint = Blueprint("messages", __name__)
 Run = Callable[[OnSegment], Awaitable[TurnResult]]
 
 
-async def _prepare(require_max_tokens: bool) -> tuple[MessagesRequest, Engine, RenderedPrompt]:
-    request = parse_request(await read_json_body(), require_max_tokens=require_max_tokens)
+async def _prepare(request: CountTokensRequest) -> tuple[Conversation, Engine, RenderedPrompt]:
+    with conversation_errors():
+        conversation = to_conversation(request)
     try:
-        validate_tool_order(request.conversation.messages, ANTHROPIC)
+        validate_tool_order(conversation.messages, ANTHROPIC)
     except ToolOrderError as exc:
         raise invalid_request(str(exc)) from None
     engine = resolve_engine(request.model)
-    prompt = await render_prompt(engine, request.conversation)
-    return request, engine, prompt
+    prompt = await render_prompt(engine, conversation)
+    return conversation, engine, prompt
 
 
 @blueprint.route("/v1/messages", methods=["POST"])
 async def create_message() -> Response:
-    request, engine, prompt = await _prepare(require_max_tokens=True)
-    constraints = tool_call_constraints(engine, request.conversation, prompt)
-    sampling = SamplingParams(
-        temperature=request.temperature if request.temperature is not None else 0.0,
-        top_p=request.top_p if request.top_p is not None else 1.0,
-        top_k=request.top_k or 0,
+    request = parse(MessagesRequest, await read_json_body())
+    conversation, engine, prompt = await _prepare(request)
+    sampling = request.sampling_params(
         max_tokens=output_budget(request.max_tokens, engine, prompt),
-        reasoning_budget=request.thinking_budget if prompt.starts_in_reasoning else None,
-        constraints=constraints,
+        constraints=tool_call_constraints(engine, conversation, prompt),
+        starts_in_reasoning=prompt.starts_in_reasoning,
     )
     cache = lookup(engine, prompt)
     ticket = reserve(engine)
@@ -72,7 +75,7 @@ async def create_message() -> Response:
         ticket,
         prompt,
         sampling,
-        request.conversation,
+        conversation,
         cache=cache,
         stop_sequences=request.stop_sequences,
     )
@@ -98,13 +101,17 @@ def _stream(
         await assembler.start(len(prompt.tokens), cached_tokens=cache.cached_tokens)
         try:
             result = await run(assembler.on_segment)
+            if result.finish_reason == "cancelled":
+                await assembler.fail(SHUTDOWN_MESSAGE, kind="overloaded_error")
+                return
+            await assembler.finish(result)
         except ApiError as exc:
             await assembler.fail(exc.message)
-            return
-        if result.finish_reason == "cancelled":
-            await assembler.fail(SHUTDOWN_MESSAGE, kind="overloaded_error")
-            return
-        await assembler.finish(result)
+        except CLIENT_GONE:
+            raise
+        except Exception:  # a bug: the stream still ends with its error event
+            log.exception("message %s failed", message.id)
+            await assembler.fail("internal server error")
 
     stream = EventStream(
         request_nursery(),
@@ -121,5 +128,5 @@ def _stream(
 @blueprint.route("/v1/messages/count_tokens", methods=["POST"])
 async def count_tokens() -> Response:
     """Exactly what generation would render: no engine work, no admission slot."""
-    _, _, prompt = await _prepare(require_max_tokens=False)
+    _, _, prompt = await _prepare(parse(CountTokensRequest, await read_json_body()))
     return jsonify({"input_tokens": len(prompt.tokens)})

@@ -16,33 +16,29 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import trio
 from quart import Blueprint, Response, jsonify
 
 from ..admission import Ticket
 from ..chat.chain import check_delta, drop_echoed_calls, outstanding_calls, reconstruct
 from ..chat.conversation import Conversation, Message
-from ..chat.fields import dict_field
-from ..chat.from_responses import (
-    ResponsesRequest,
-    map_items,
-    offered_tools,
-    parse_request,
-    required_tool,
-)
+from ..chat.from_responses import map_items, offered_tools, required_tool
 from ..chat.prompt import RenderedPrompt
 from ..chat.tool_order import OPENAI, ToolOrderError, validate_tool_order
 from ..engine.engine import Engine
 from ..engine.types import SamplingParams
+from ..http.delivery import tracked_json
 from ..http.errors import ApiError, invalid_request, not_found, unavailable
-from ..http.sse import SSE_HEADERS, EventSink, EventStream
+from ..http.sse import CLIENT_GONE, SSE_HEADERS, EventSink, EventStream
 from ..http.transport import client_domain, read_json_body
 from ..protocol.openai_responses import ResponseObject, TextConfig, new_id
+from ..protocol.responses_items import InputItem
+from ..protocol.responses_requests import FunctionTool, ResponsesRequest, Tool
 from ..store import StoredResponse, StoreError
-from .deps import request_nursery, resolve_engine, services
+from .deps import on_request_end, request_nursery, resolve_engine, services
 from .generation import (
     SHUTDOWN_MESSAGE,
     CacheLookup,
@@ -54,6 +50,7 @@ from .generation import (
     tool_call_constraints,
 )
 from .responses_events import ResponseAssembler
+from .validation import conversation_errors, parse
 
 log = logging.getLogger("mlxtrio.responses")
 
@@ -74,21 +71,17 @@ class Turn:
 
 @blueprint.route("/v1/responses", methods=["POST"])
 async def create_response() -> Response:
-    turn = await prepare(parse_request(await read_json_body()))
+    turn = await prepare(parse(ResponsesRequest, await read_json_body()))
     prompt = await render_prompt(turn.engine, turn.conversation)
     request = turn.request
-    constraints = tool_call_constraints(turn.engine, turn.conversation, prompt)
-    sampling = SamplingParams(
-        temperature=request.temperature if request.temperature is not None else 0.0,
-        top_p=request.top_p if request.top_p is not None else 1.0,
+    sampling = request.sampling_params(
         max_tokens=output_budget(request.max_output_tokens, turn.engine, prompt),
-        seed=request.body.get("seed") if isinstance(request.body.get("seed"), int) else None,
-        constraints=constraints,
+        constraints=tool_call_constraints(turn.engine, turn.conversation, prompt),
     )
     continuation = request.previous_response_id is not None
     cache = lookup(turn.engine, prompt, _cache_domain(request), continuation)
     ticket = reserve(turn.engine)
-    response = initial_response(turn)
+    response = initial_response(turn, sampling)
     if request.stream:
         return stream_response(turn, ticket, prompt, sampling, response, cache)
     assembler = make_assembler(turn, response)
@@ -98,40 +91,47 @@ async def create_response() -> Response:
     if result.finish_reason == "cancelled":
         raise unavailable(SHUTDOWN_MESSAGE)
     await assembler.complete(result)
-    await persist(turn, response)
-    out = jsonify(response.wire())
+    stored = await persist(turn, response)
+    out, delivery = tracked_json(response.wire())
+    if stored:
+        take_back_unless(lambda: delivery.delivered, response.id)
     out.headers.update(cache.headers())
     return out
 
 
 def _cache_domain(request: ResponsesRequest) -> str:
     """``cache_salt`` isolates cached prefixes: requests share KV only within a salt."""
-    salt = request.body.get("cache_salt")
-    if salt is None:
-        return ""
-    if not isinstance(salt, str) or len(salt.encode()) > 256:
-        raise invalid_request("cache_salt must be a string of at most 256 bytes", "cache_salt")
-    return "salt:" + salt
+    return "" if request.cache_salt is None else "salt:" + request.cache_salt
 
 
 async def prepare(request: ResponsesRequest) -> Turn:
     """Resolve the model and the chain, map and validate the input (spec §3.4)."""
+    text_format = request.text.format if request.text is not None else None
+    if text_format is not None and text_format.type != "text":
+        raise invalid_request(
+            f'text.format type "{text_format.type}" (structured output) is not supported by this '
+            'server yet; omit text.format or use {"type": "text"} and describe the wanted JSON '
+            "in the prompt",
+            "text.format",
+        )
     engine = resolve_engine(request.model)
     prior: list[Message] = []
     instructions = request.instructions
     items = request.items
     if request.previous_response_id is not None:
-        store = services().store
-        if store is None:
+        if services().store is None:
             raise invalid_request("previous_response_id requires a response store to be configured")
         chain = await _load_chain(request.previous_response_id)
         prior = reconstruct(chain)
-        if not isinstance(request.body.get("instructions"), str):
+        if request.instructions is None:
             instructions = chain[-1].instructions
-        items = drop_echoed_calls(items, prior)
-    delta = map_items(items, services().sealer.open)
-    if request.previous_response_id is not None:
-        delta = check_delta(delta, outstanding_calls(prior))
+    continuation = request.previous_response_id is not None
+    with conversation_errors():
+        if continuation:
+            items = drop_echoed_calls(items, prior)
+        delta = map_items(items, services().sealer.open)
+        if continuation:
+            delta = check_delta(delta, outstanding_calls(prior))
     head = [Message("system", instructions)] if instructions else []
     messages = head + prior + delta
     try:
@@ -155,42 +155,61 @@ async def _load_chain(response_id: str) -> list[StoredResponse]:
     try:
         chain = await store.chain(response_id)
     except StoreError as exc:
-        raise ApiError(
-            500, f"Failed to retrieve previous response: {exc}", "server_error"
-        ) from None
+        raise store_failure(exc, f"cannot read previous response {response_id!r}") from None
     if not chain or chain[-1].owner != client_domain():  # another key's: as if absent
         raise not_found(f'Previous response "{response_id}" not found or expired')
     return chain
 
 
-def initial_response(turn: Turn) -> ResponseObject:
-    request, body = turn.request, turn.request.body
-    text = dict_field(body, "text")
+def store_failure(exc: StoreError, doing: str) -> ApiError:
+    """A clear 503 for a store that failed a read or a delete: the message says
+    what failed, never how (the details, password-free, go to the log)."""
+    log.error("%s: %s (%s)", doing, exc, exc.detail)
+    return ApiError(
+        503,
+        f"{doing[0].upper()}{doing[1:]}: {exc}; retry later",
+        "server_error",
+        code="store_unavailable",
+        headers={"Retry-After": "5"},
+    )
+
+
+def initial_response(turn: Turn, sampling: SamplingParams) -> ResponseObject:
+    """The Response object's echo of the request, with the sampling values used."""
+    request = turn.request
+    text = request.text.wire() if request.text is not None else {}
+    tool_choice = request.tool_choice if request.tool_choice is not None else "auto"
     return ResponseObject(
         model=request.model,
         instructions=turn.instructions,
         previous_response_id=request.previous_response_id,
         max_output_tokens=request.max_output_tokens,
-        temperature=request.temperature,
-        top_p=request.top_p,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        top_logprobs=request.top_logprobs or 0,
         tools=[_echo_tool(t) for t in request.tools],
-        tool_choice=request.tool_choice if request.tool_choice is not None else "auto",
-        parallel_tool_calls=body.get("parallel_tool_calls") is not False,
-        reasoning={"effort": None, "summary": None, **(request.reasoning or {})},
+        tool_choice=tool_choice if isinstance(tool_choice, str) else tool_choice.wire(),
+        parallel_tool_calls=request.parallel_tool_calls is not False,
+        reasoning={
+            "effort": None,
+            "summary": None,
+            **(request.reasoning.wire() if request.reasoning is not None else {}),
+        },
         text=TextConfig(**{"verbosity": "medium", **text}),
-        store=request.store and services().store is not None,
-        metadata=dict_field(body, "metadata"),
-        prompt_cache_key=body.get("prompt_cache_key")
-        if isinstance(body.get("prompt_cache_key"), str)
-        else None,
-        user=body.get("user") if isinstance(body.get("user"), str) else None,
+        store=request.store is not False and services().store is not None,
+        metadata=request.metadata.wire() if request.metadata is not None else {},
+        prompt_cache_key=request.prompt_cache_key,
+        safety_identifier=request.safety_identifier,
+        user=request.user,
     )
 
 
-def _echo_tool(tool: dict[str, Any]) -> dict[str, Any]:
-    if tool.get("type") == "function":
-        return {"strict": True, "description": None, "parameters": None, **tool}
-    return tool
+def _echo_tool(tool: Tool) -> dict[str, Any]:
+    if isinstance(tool, FunctionTool):
+        return {"strict": True, "description": None, "parameters": None, **tool.wire()}
+    return tool.wire()
 
 
 def make_assembler(turn: Turn, response: ResponseObject, emit: Any = None) -> ResponseAssembler:
@@ -198,11 +217,13 @@ def make_assembler(turn: Turn, response: ResponseObject, emit: Any = None) -> Re
     return ResponseAssembler(response, emit, custom_tools=turn.request.custom_tool_names, seal=seal)
 
 
-async def persist(turn: Turn, response: ResponseObject) -> None:
-    """Commit the turn before it is announced; never fail the client over it."""
+async def persist(turn: Turn, response: ResponseObject) -> bool:
+    """Commit the turn before it is announced; never fail the client over it.
+    Returns whether it was stored. A store that cannot write within
+    ``store_write_timeout`` leaves nothing behind (the store guarantees it)."""
     svc = services()
-    if svc.store is None or not turn.request.store:
-        return
+    if svc.store is None or turn.request.store is False:
+        return False
     now = int(time.time())
     retention = turn.request.retention_seconds or svc.settings.response_retention
     record = StoredResponse(
@@ -218,29 +239,46 @@ async def persist(turn: Turn, response: ResponseObject) -> None:
         response=response.wire(),
         owner=turn.owner,
     )
-    timeout = svc.settings.store_write_timeout
-    # The store rolls back a write that misses its deadline; the extra second
-    # lets it say so instead of us abandoning it mid-flight.
-    with trio.move_on_after(timeout + 1.0) as scope:
-        try:
-            await svc.store.put(record, lock_wait=timeout)
-        except StoreError as exc:
-            log.error(
-                "could not store response %s (the client still gets it): %s", response.id, exc
-            )
-    if scope.cancelled_caught:
+    try:
+        await svc.store.put(record, lock_wait=svc.settings.store_write_timeout)
+    except StoreError as exc:
         log.error(
-            "storing response %s did not finish in time; the client still gets it", response.id
+            "could not store response %s (the client still gets it): %s (%s)",
+            response.id,
+            exc,
+            exc.detail,
         )
+        return False
+    return True
 
 
-def input_items(items: list[Any]) -> list[dict[str, Any]]:
+def take_back_unless(delivered: Callable[[], bool], response_id: str) -> None:
+    """When the request ends, delete the stored turn unless ``delivered()``: a
+    client that left before the terminal event never saw the turn complete."""
+
+    def check() -> None:
+        if not delivered():
+            services().spawn(_take_back, response_id)
+
+    on_request_end(check)
+
+
+async def _take_back(response_id: str) -> None:
+    store = services().store
+    if store is None:
+        return
+    try:
+        if await store.discard(response_id):
+            log.info("response %s was not delivered (the client left); not kept", response_id)
+    except StoreError as exc:
+        log.error("could not take back undelivered response %s: %s", response_id, exc.detail)
+
+
+def input_items(items: list[InputItem]) -> list[dict[str, Any]]:
     """The request's input items as the input_items endpoint lists them (with ids)."""
     out = []
-    for item in items:
-        if not isinstance(item, dict):
-            continue
-        item = dict(item)
+    for model in items:
+        item = model.wire()
         item.setdefault("type", "message")
         if item["type"] == "message" and isinstance(item.get("content"), str):
             part = "output_text" if item.get("role") == "assistant" else "input_text"
@@ -275,14 +313,21 @@ def stream_response(
                 assembler.on_segment,
                 cache,
             )
+            if result.finish_reason == "cancelled":  # only the server cancels a live stream
+                await assembler.fail(SHUTDOWN_MESSAGE, code="server_shutting_down")
+                return
+            await assembler.complete(result)
+            if await persist(turn, response):
+                take_back_unless(lambda: stream.delivered, response.id)
         except ApiError as exc:
             await assembler.fail(exc.message)
             return
-        if result.finish_reason == "cancelled":  # only the server cancels a live stream
-            await assembler.fail(SHUTDOWN_MESSAGE, code="server_shutting_down")
+        except CLIENT_GONE:
+            raise
+        except Exception:  # a bug: the stream still ends with its terminal event
+            log.exception("response %s failed", response.id)
+            await assembler.fail("internal server error")
             return
-        await assembler.complete(result)
-        await persist(turn, response)
         await assembler.announce()
 
     stream = EventStream(
@@ -306,7 +351,7 @@ async def _stored(response_id: str) -> StoredResponse:
     try:
         record = await store.get(response_id)
     except StoreError as exc:
-        raise ApiError(500, f"Failed to read the response store: {exc}", "server_error") from None
+        raise store_failure(exc, f"cannot read response {response_id!r}") from None
     if record is None or record.owner != client_domain():  # another key's: as if absent
         raise not_found(f'Response "{response_id}" not found or expired')
     return record
@@ -322,7 +367,10 @@ async def delete_response(response_id: str) -> Response:
     await _stored(response_id)
     store = services().store
     assert store is not None
-    await store.delete(response_id)
+    try:
+        await store.delete(response_id)
+    except StoreError as exc:
+        raise store_failure(exc, f"cannot delete response {response_id!r}") from None
     return jsonify({"id": response_id, "object": "response.deleted", "deleted": True})
 
 

@@ -8,14 +8,29 @@ the client sends, so a forged echo cannot rewrite the trailing turn.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from ..http.errors import invalid_request
-from ..store import StoredResponse
+from ..protocol.responses_items import InputItem, ToolCallItem
 from .conversation import Message, ToolCall
+from .errors import ConversationError
 
 
-def reconstruct(chain: list[StoredResponse]) -> list[Message]:
+class StoredTurn(Protocol):
+    """One stored turn of a chain, as the store keeps it."""
+
+    @property
+    def input_messages(self) -> list[dict[str, Any]]:
+        """What the turn added to the conversation (``Message.to_json`` dicts)."""
+        ...
+
+    @property
+    def response(self) -> dict[str, Any]:
+        """The turn's Response object, as sent to the client."""
+        ...
+
+
+def reconstruct(chain: Sequence[StoredTurn]) -> list[Message]:
     """Each record's input delta, then one assistant message from its output."""
     messages: list[Message] = []
     for record in chain:
@@ -70,17 +85,17 @@ def outstanding_calls(prior: list[Message]) -> list[str] | None:
     return None
 
 
-def drop_echoed_calls(items: list[Any], prior: list[Message]) -> list[Any]:
+def drop_echoed_calls(items: list[InputItem], prior: list[Message]) -> list[InputItem]:
     """Remove ``function_call`` items that repeat the stored trailing turn's calls;
     reject those that reference a call the stored turn never made."""
     known = set(last_assistant_calls(prior) or [])
-    kept = []
+    kept: list[InputItem] = []
     for item in items:
-        if isinstance(item, dict) and item.get("type") in ("function_call", "custom_tool_call"):
-            call_id = item.get("call_id")
-            if not isinstance(call_id, str) or call_id not in known:
-                raise invalid_request(
-                    f'echoed {item["type"]} item references an unknown call_id "{call_id or ""}" — the stored '
+        if isinstance(item, ToolCallItem):
+            call_id = item.call_id
+            if call_id is None or call_id not in known:
+                raise ConversationError(
+                    f'echoed {item.type} item references an unknown call_id "{call_id or ""}" — the stored '
                     "trailing assistant turn is the authoritative copy, and any echoed call must reference one "
                     "of its outstanding tool calls. Drop the echoed item or resolve the continuation against the "
                     "correct previous_response_id.",
@@ -97,7 +112,7 @@ def check_delta(delta: list[Message], outstanding: list[str] | None) -> list[Mes
     results = [m for m in delta if m.role == "tool"]
     if outstanding is None:
         if results:
-            raise invalid_request(
+            raise ConversationError(
                 "function_call_output submitted against a thread with no outstanding tool call. The prior "
                 "assistant turn either never emitted a tool call or every sibling call has already been "
                 "resolved, so there is nothing for this function_call_output to answer. Drop the "
@@ -109,7 +124,7 @@ def check_delta(delta: list[Message], outstanding: list[str] | None) -> list[Mes
     while lead < len(delta) and delta[lead].role == "tool":
         lead += 1
     if any(m.role == "tool" for m in delta[lead:]):
-        raise invalid_request(
+        raise ConversationError(
             "function_call_output items must appear as a contiguous prefix of the continuation before any "
             "user, assistant, or system message. Interleaving a non-tool message between sibling "
             "function_call_output items orphans the fan-out by weaving a new assistant turn between the tool "
@@ -120,7 +135,7 @@ def check_delta(delta: list[Message], outstanding: list[str] | None) -> list[Mes
     if lead == 0:
         n = len(outstanding)
         plural = "s" if n != 1 else ""
-        raise invalid_request(
+        raise ConversationError(
             f"Previous assistant turn has {n} unresolved tool call{plural} ({', '.join(outstanding)}); every "
             "outstanding function_call_output must be submitted before the thread can advance. A plain user "
             f"turn would orphan the unresolved call{plural}. Submit function_call_output items for every "
@@ -131,13 +146,13 @@ def check_delta(delta: list[Message], outstanding: list[str] | None) -> list[Mes
     for message in delta[:lead]:
         call_id = message.tool_call_id or ""
         if call_id in seen:
-            raise invalid_request(
+            raise ConversationError(
                 f'Duplicate function_call_output call_id "{call_id}" — each outstanding tool call must be '
                 "answered exactly once.",
                 "input",
             )
         if call_id not in outstanding:
-            raise invalid_request(
+            raise ConversationError(
                 f'Unexpected function_call_output call_id "{call_id}"; the outstanding multi-tool-call set is '
                 f"{', '.join(outstanding)}. Submitting an unrelated or stale call_id would advance the chain "
                 "past an unresolved turn.",
@@ -146,7 +161,7 @@ def check_delta(delta: list[Message], outstanding: list[str] | None) -> list[Mes
         seen[call_id] = message
     missing = [i for i in outstanding if i not in seen]
     if missing:
-        raise invalid_request(
+        raise ConversationError(
             f"Missing function_call_output items for outstanding tool calls: {', '.join(missing)}. Partial "
             "submissions would orphan the sibling tool calls and advance the chain past an unresolved turn. "
             "Resubmit with every sibling output, or start a new chain without previous_response_id.",

@@ -14,9 +14,9 @@ import trio
 
 from .conversation import Conversation
 
-# Two workers: enough to overlap rendering with generation on a small machine
-# without letting a burst of requests starve the engine thread of CPU.
-_RENDER_LIMITER = trio.CapacityLimiter(2)
+# One worker: rendering overlaps generation, and a burst of requests cannot
+# starve the engine thread of CPU (callers queue in the server's render lane).
+_RENDER_LIMITER = trio.CapacityLimiter(1)
 
 
 @dataclass(frozen=True)

@@ -108,32 +108,39 @@ class OutputParser:
     def _close_tool_call(self) -> list[Segment]:
         raw = "".join(self._tool_buffer)
         self._tool_buffer.clear()
-        call = parse_tool_call(self._tokenizer, raw, self._tools)
+        calls = parse_tool_calls(self._tokenizer, raw, self._tools)
         # Text after a call is a new message: its leading whitespace goes too.
         self._pending_space["text"] = ""
         self._started["text"] = False
-        if call is None:
+        if not calls:
             self.invalid_tool_calls += 1
             log.info("dropped a tool call that did not parse: %r", raw[:200])
-            return []
-        return [Segment("tool_call", tool_call=call)]
+        return [Segment("tool_call", tool_call=call) for call in calls]
 
 
-def parse_tool_call(
+def parse_tool_calls(
     tokenizer: Any, raw: str, tools: list[dict[str, Any]] | None
-) -> ParsedToolCall | None:
+) -> list[ParsedToolCall]:
+    """Every call in one tool-call segment. Some families' parsers (mistral,
+    kimi_k2, gemma4, minimax_m2) return several calls for one segment; a parser
+    that fails, or an entry without a name or with non-object arguments, yields
+    nothing for that entry."""
     parser = getattr(tokenizer, "tool_parser", None)
     if parser is None or not raw.strip():
-        return None
+        return []
     try:
         parsed = parser(raw, tools)
-    except Exception:
+    except Exception:  # family parsers raise many types on malformed markup
+        return []
+    entries = parsed if isinstance(parsed, list) else [parsed]
+    calls = (_as_call(entry, raw) for entry in entries)
+    return [call for call in calls if call is not None]
+
+
+def _as_call(entry: Any, raw: str) -> ParsedToolCall | None:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         return None
-    if isinstance(parsed, list):
-        parsed = parsed[0] if parsed else None
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
-        return None
-    arguments = parsed.get("arguments", {})
+    arguments = entry.get("arguments", {})
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
@@ -141,4 +148,4 @@ def parse_tool_call(
             return None
     if not isinstance(arguments, dict):
         return None
-    return ParsedToolCall(parsed["name"], json.dumps(arguments, ensure_ascii=False), raw)
+    return ParsedToolCall(entry["name"], json.dumps(arguments, ensure_ascii=False), raw)

@@ -4,8 +4,9 @@ The cache is split in two so that a match is exact *before* response headers go
 out, without the Trio loop ever touching MLX state:
 
 * :class:`PrefixIndex` (Trio thread, pure Python) knows which token sequences have
-  a KV snapshot: mlx-lm's ``PromptTrie`` per (model, isolation domain), an LRU
-  order and a byte budget. Lookups, pins and eviction decisions happen here.
+  a KV snapshot: a :class:`~.radix.RadixTree` per (model, isolation domain), an
+  LRU order and a byte budget. Lookups, pins and eviction decisions happen here;
+  a lookup is linear in the prompt length, so it never stalls the loop.
 * The engine thread holds the snapshots themselves (mlx-lm cache objects) by entry
   id, copies and trims them when a sequence starts from one, and drops them only
   when the index says so.
@@ -23,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from mlx_lm.models.cache import PromptTrie
+from .radix import RadixTree
 
 
 @dataclass
@@ -61,7 +62,7 @@ class PrefixIndex:
     def __init__(self, budget_bytes: int, drop: Callable[[list[int]], None]) -> None:
         self.budget_bytes = budget_bytes
         self._drop = drop
-        self._trie = PromptTrie()
+        self._trees: dict[Hashable, RadixTree[Entry]] = {}
         self._entries: dict[int, Entry] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # least recently used first
         self.nbytes = 0
@@ -90,24 +91,23 @@ class PrefixIndex:
         return match
 
     def _best(self, key: Hashable, tokens: list[int]) -> Match | None:
+        """The longest usable prefix: a whole snapshot that is a prefix of
+        ``tokens``, or, for trimmable snapshots, the common prefix with any one
+        (trimmed to it). At least one token is left to feed the model."""
+        tree = self._trees.get(key)
+        if tree is None:
+            return None
         limit = len(tokens) - 1
-        result = self._trie.search(key, tokens)
-        candidates: list[Match] = []
-        if result.exact is not None:
-            entry = self._trie.get(key, result.exact)
-            candidates.append(Match(entry, min(limit, len(entry.tokens))))
-        if result.shorter is not None:
-            entry = self._trie.get(key, result.shorter)
-            candidates.append(Match(entry, len(entry.tokens)))
-        if result.longer is not None:
-            entry = self._trie.get(key, result.longer)
-            candidates.append(Match(entry, min(limit, result.common_prefix)))
-        usable = [
-            m
-            for m in candidates
-            if 0 < m.length <= limit and (m.entry.trimmable or m.length == len(m.entry.tokens))
-        ]
-        return max(usable, key=lambda m: m.length, default=None)
+        found = tree.match(tokens)
+        best: Match | None = None
+        for length, entry in found.on_path:
+            if length <= limit:
+                best = Match(entry, length)
+        length = min(found.common, limit)
+        below = found.below
+        if below is not None and below.trimmable and length > (best.length if best else 0):
+            best = Match(below, length)
+        return best
 
     def release(self, match: Match | None) -> None:
         """Unpin (idempotent). Call once the sequence is in the engine, or when the
@@ -129,39 +129,24 @@ class PrefixIndex:
             self._drop([entry.id])
             return
         self.stats.inserts += 1
-        old = self._entries_at(entry.key, entry.tokens)
-        dropped = [old.id] if old is not None and old.pins == 0 else []
-        if old is not None:
-            if old.pins:  # still in use: keep it alive, just not indexed
-                self._forget(old)
-            else:
-                self._remove(old)
-        self._trie.add(entry.key, entry.tokens, entry)
+        dropped: list[int] = []
+        tree = self._trees.get(entry.key)
+        if tree is not None:
+            found = tree.match(entry.tokens)
+            for length, known in found.on_path:
+                # The same tokens: replaced (a pinned one lives on until released).
+                # A prefix of a trimmable snapshot: redundant.
+                if length == len(entry.tokens) or (entry.trimmable and not known.pins):
+                    self._forget(known)
+                    if not known.pins:
+                        dropped.append(known.id)
+        self._trees.setdefault(entry.key, RadixTree()).insert(entry.tokens, entry)
         self._entries[entry.id] = entry
         self._lru[entry.id] = None
         self.nbytes += entry.nbytes
-        if entry.trimmable:  # prefixes of a trimmable snapshot are redundant
-            for prefix_len, prefix in self._trie.pop_prefixes(entry.key, entry.tokens):
-                if prefix is entry:
-                    continue
-                if prefix.pins:
-                    self._trie.add(
-                        entry.key, entry.tokens[:prefix_len], prefix
-                    )  # keep while pinned
-                    continue
-                self._entries.pop(prefix.id, None)
-                self._lru.pop(prefix.id, None)
-                self.nbytes -= prefix.nbytes
-                dropped.append(prefix.id)
         if dropped:
             self._drop(dropped)
         self._evict_over_budget()
-
-    def _entries_at(self, key: Hashable, tokens: list[int]) -> Entry | None:
-        try:
-            return self._trie.get(key, tokens)
-        except KeyError:
-            return None
 
     def _evict_over_budget(self) -> None:
         victims = []
@@ -171,22 +156,22 @@ class PrefixIndex:
             entry = self._entries[entry_id]
             if entry.pins:
                 continue
-            self._remove(entry, notify=False)
+            self._forget(entry)
             victims.append(entry.id)
             self.stats.evictions += 1
         if victims:
             self._drop(victims)
 
     def _forget(self, entry: Entry) -> None:
-        self._trie.pop(entry.key, entry.tokens)
-        self._entries.pop(entry.id, None)
-        self._lru.pop(entry.id, None)
-        self.nbytes -= entry.nbytes
-
-    def _remove(self, entry: Entry, notify: bool = False) -> None:
-        self._forget(entry)
-        if notify:
-            self._drop([entry.id])
+        """Take ``entry`` out of the index (its snapshot is the caller's to drop)."""
+        tree = self._trees.get(entry.key)
+        if tree is not None and tree.get(entry.tokens) is entry:
+            tree.remove(entry.tokens)
+            if not tree:
+                del self._trees[entry.key]
+        if self._entries.pop(entry.id, None) is not None:
+            self._lru.pop(entry.id, None)
+            self.nbytes -= entry.nbytes
 
     def clear(self) -> None:
         ids = list(self._entries)

@@ -20,7 +20,11 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    # OpenAI-style additive penalties over the generated tokens (-2..2; 0 = off).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     max_tokens: int = 256
+    # Any 64-bit integer (signed or unsigned); the engine maps it onto a PRNG key.
     seed: int | None = None
     # Extra token ids that end generation like EOS does (not shown in the text).
     stop_token_ids: tuple[int, ...] = ()

@@ -36,6 +36,8 @@ SSE_HEADERS = {
 }
 
 COMMENT_KEEPALIVE = b": keepalive\n\n"
+# What EventSink.send raises once the response body is gone (the client left).
+CLIENT_GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 ANTHROPIC_PING = b'event: ping\ndata: {"type": "ping"}\n\n'
 
 
@@ -62,7 +64,13 @@ Producer = Callable[[EventSink], Awaitable[None]]
 
 
 class EventStream:
-    """Run ``producer`` in ``nursery`` and expose its frames as a response body."""
+    """Run ``producer`` in ``nursery`` and expose its frames as a response body.
+
+    Producers end every stream with the surface's terminal event, failures
+    included. :attr:`delivered` tells, once the request is over, whether every
+    frame - the terminal event included - was handed to the transport, i.e.
+    whether the client stayed to the end.
+    """
 
     def __init__(
         self,
@@ -74,6 +82,7 @@ class EventStream:
         keepalive_frame: bytes = COMMENT_KEEPALIVE,
         buffer: int = 16,
     ) -> None:
+        self.delivered = False
         self._keepalive = keepalive
         self._keepalive_frame = keepalive_frame
         self._drain_timeout = drain_timeout
@@ -87,11 +96,11 @@ class EventStream:
         async with send:
             try:
                 await producer(EventSink(send))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+            except CLIENT_GONE:
                 pass  # the body is gone: the client left
             except Exception:
-                # Producers emit their own terminal events; this is a bug guard so
-                # that one broken stream never takes the process down with it.
+                # Producers catch their own failures and send a terminal event;
+                # this guard only keeps a bug in that from taking the process down.
                 log.exception("stream producer failed")
 
     async def _watch_drain(self) -> None:
@@ -116,6 +125,7 @@ class EventStream:
                     try:
                         chunk = await self._receive.receive()
                     except trio.EndOfChannel:
+                        self.delivered = True  # the transport took every frame
                         return
                 self._pending_since = trio.current_time()
                 yield self._keepalive_frame if chunk is None else chunk

@@ -1,85 +1,44 @@
-"""Transport concerns shared by every route: CORS, API keys, JSON bodies, and
-turning any error into a JSON response in the right envelope (never a stack
-trace, never a 500 for a client's mistake)."""
+"""Transport concerns shared by every route, installed on the app: the security
+guards (:mod:`.security`), and turning any error into a JSON response in the
+right envelope - never a stack trace, never a 5xx for a client's mistake."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import logging
-from typing import Any
 
-from quart import Quart, Response, g, request
+from quart import Quart, Response, g, has_request_context, has_websocket_context, request
+from quart import websocket as websocket_context
 from werkzeug.exceptions import HTTPException
 
+from .body import read_json_body, too_large
 from .errors import ApiError, Surface
+from .security import ApiKeys, HostPolicy, OriginPolicy
 
 log = logging.getLogger("mlxtrio.http")
-
-CORS_HEADERS = {
-    "Access-Control-Allow-Origin": "*",
-    "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
-    "Access-Control-Allow-Headers": (
-        "Content-Type, Authorization, x-api-key, anthropic-version, anthropic-beta, "
-        "openai-organization, openai-project"
-    ),
-    "Access-Control-Max-Age": "600",
-}
 
 # Reachable without an API key: liveness probes and Claude Code's HEAD / warm-up.
 OPEN_PATHS = frozenset({"/", "/health", "/v1/health"})
 
+__all__ = ["client_domain", "error_response", "install", "read_json_body"]
+
+
+def _current() -> tuple[str, str]:
+    """(method, path) of the request or WebSocket being handled."""
+    if has_request_context():
+        return request.method, request.path
+    if has_websocket_context():
+        return "GET", websocket_context.path
+    return "?", "/"
+
 
 def error_response(error: ApiError, path: str | None = None) -> Response:
-    surface = Surface.for_path(path if path is not None else request.path)
+    surface = Surface.for_path(path if path is not None else _current()[1])
     response = Response(error.body(surface), status=error.status, content_type="application/json")
     for name, value in (error.headers or {}).items():
         response.headers[name] = value
     if error.status == 429 and surface is Surface.ANTHROPIC:
         response.headers["retry-after"] = (error.headers or {}).get("Retry-After", "1")
     return response
-
-
-async def read_json_body() -> Any:
-    """The request body as JSON, or a 400/413 ApiError."""
-    try:
-        raw = await request.get_data(cache=True)
-    except HTTPException as exc:
-        if exc.code == 413:
-            raise too_large() from None
-        raise
-    if not raw:
-        raise ApiError(400, "Request body is empty; send a JSON object", param="body")
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, f"Invalid JSON in request body: {exc}", param="body") from None
-
-
-def too_large() -> ApiError:
-    limit = request.max_content_length or 0
-    return ApiError(413, f"Request body too large (limit {limit} bytes)", "invalid_request_error")
-
-
-def _check_api_key(keys: list[str]) -> str:
-    """The key the request carries; raises a 401 ApiError."""
-    supplied = request.headers.get("x-api-key")
-    if supplied is None:
-        auth = request.headers.get("Authorization", "")
-        scheme, _, token = auth.partition(" ")
-        supplied = token.strip() if scheme.lower() == "bearer" else None
-    if supplied is None:
-        raise ApiError(
-            401,
-            "Missing API key: send it in x-api-key or Authorization: Bearer",
-            "authentication_error",
-        )
-    # Compare with every key, so the time taken does not tell which one matched.
-    matches = [hmac.compare_digest(supplied.encode(), key.encode()) for key in keys]
-    if not any(matches):
-        raise ApiError(401, "Invalid API key", "authentication_error")
-    return keys[matches.index(True)]
 
 
 def client_domain() -> str:
@@ -90,30 +49,41 @@ def client_domain() -> str:
     return str(g.get("client_domain", ""))
 
 
-def install(app: Quart, api_key: str) -> None:
-    """Register the hooks and error handlers on ``app``. ``api_key``: none, one
-    key, or several separated by commas (each its own cache isolation domain)."""
-    keys = [k.strip() for k in api_key.split(",") if k.strip()]
-    # Computed once, not per request.
-    domains = {k: "key:" + hashlib.sha256(k.encode()).hexdigest()[:24] for k in keys}
+def install(app: Quart, api_key: str, cors_origins: str = "", allowed_hosts: str = "") -> None:
+    """Register the guards and error handlers on ``app``. ``api_key``: none, one
+    key, or several separated by commas (each its own isolation domain)."""
+    keys = ApiKeys(api_key)
+    origins = OriginPolicy.parse(cors_origins)
+    hosts = HostPolicy.parse(allowed_hosts)
+    # "/v1//responses" is a client bug to report, not a redirect to follow.
+    app.url_map.merge_slashes = False
 
     @app.before_request
-    async def _preflight_and_auth() -> Response | None:
+    async def _guard() -> Response | None:
+        refusal = hosts.check(request.headers.get("Host"), request.scope.get("server"))
+        origin = request.headers.get("Origin")
+        if refusal is None and origin is not None and not origins.allows(origin):
+            refusal = origins.refusal(origin)
+        if refusal is not None:
+            return error_response(refusal)
         if request.method == "OPTIONS":
-            return Response(b"", status=204, headers=CORS_HEADERS)
+            allowed = origins.preflight_headers(origin) if origin is not None else {}
+            return Response(b"", status=204, headers=allowed)
         if request.content_length is not None and request.max_content_length is not None:
             if request.content_length > request.max_content_length:
                 return error_response(too_large())
         if keys and request.path not in OPEN_PATHS:
-            key = _check_api_key(keys)
-            if len(keys) > 1:
-                g.client_domain = domains[key]
+            g.client_domain = keys.authenticate(
+                request.headers.get("x-api-key"), request.headers.get("Authorization")
+            )
         return None
 
     @app.after_request
     async def _cors(response: Response) -> Response:
-        for name, value in CORS_HEADERS.items():
-            response.headers.setdefault(name, value)
+        origin = request.headers.get("Origin")
+        if origin is not None and origins.allows(origin):
+            for name, value in origins.headers(origin).items():
+                response.headers.setdefault(name, value)
         return response
 
     @app.errorhandler(ApiError)
@@ -122,25 +92,29 @@ def install(app: Quart, api_key: str) -> None:
 
     @app.errorhandler(HTTPException)
     async def _http_error(error: HTTPException) -> Response:
-        status = error.code or 500
-        if status == 404:
-            api_error = ApiError(
-                404, f"No route matches {request.method} {request.path}", "not_found_error"
-            )
-        elif status == 405:
-            allowed = sorted(getattr(error, "valid_methods", None) or [])
-            api_error = ApiError(
-                405,
-                f"Method {request.method} not allowed on {request.path}; use {', '.join(allowed)}",
-                headers={"Allow": ", ".join(allowed)},
-            )
-        elif status == 413:
-            api_error = too_large()
-        else:
-            api_error = ApiError(status, error.description or error.name, "invalid_request_error")
-        return error_response(api_error)
+        return error_response(_from_http_exception(error))
 
     @app.errorhandler(Exception)
     async def _unexpected(error: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, request.path)
+        method, path = _current()
+        log.exception("unhandled error on %s %s", method, path)
         return error_response(ApiError(500, "Internal server error", "server_error"))
+
+
+def _from_http_exception(error: HTTPException) -> ApiError:
+    method, path = _current()
+    status = error.code or 500
+    if status == 404:
+        return ApiError(404, f"No route matches {method} {path}", "not_found_error")
+    if status == 405:
+        allowed = sorted(getattr(error, "valid_methods", None) or [])
+        return ApiError(
+            405,
+            f"Method {method} not allowed on {path}; use {', '.join(allowed)}",
+            headers={"Allow": ", ".join(allowed)},
+        )
+    if status == 413:
+        return too_large()
+    if 300 <= status < 400:  # werkzeug's redirects (e.g. a missing trailing slash)
+        return ApiError(404, f"No route matches {method} {path}", "not_found_error")
+    return ApiError(status, error.description or error.name, "invalid_request_error")

@@ -41,8 +41,9 @@ class ReasoningItem(BaseModel):
     id: str = Field(default_factory=lambda: new_id("rs"))
     type: Literal["reasoning"] = "reasoning"
     summary: list[SummaryText] = Field(default_factory=list)
-    content: list[Any] | None = None
-    encrypted_content: str | None = None
+    # Left out when empty: both schemas type them as an array / a string.
+    content: list[Any] | None = Field(default=None, exclude_if=lambda value: value is None)
+    encrypted_content: str | None = Field(default=None, exclude_if=lambda value: value is None)
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
@@ -119,11 +120,12 @@ class ResponseObject(BaseModel):
     reasoning: dict[str, Any] | None = None
     max_output_tokens: int | None = None
     max_tool_calls: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_logprobs: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    # The sampling values actually used (Open Responses requires numbers here).
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_logprobs: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     text: TextConfig | None = None
     tool_choice: Any = "auto"
     tools: list[dict[str, Any]] = Field(default_factory=list)

@@ -1,0 +1,444 @@
+"""The engine thread's serving loop: commands in, one ``BatchGenerator`` step at a
+time, events out.
+
+Everything here runs on the engine thread and owns the MLX state of the running
+sequences. It talks to the Trio side only through the :class:`Outbox` (one
+``run_sync_soon`` per step) and reads commands from a queue at the *safepoint*
+between two steps.
+
+Fault isolation, from the narrowest to the widest:
+
+* a sequence that cannot be started (bad parameters, a failing processor set-up)
+  ends with an error event at insert; nothing else notices;
+* a logits processor that raises inside a step is caught by its sequence's
+  :class:`SequenceGuard`; that sequence ends with an error after the step, the
+  batch goes on;
+* a step that raises fails the sequences that were in it and rebuilds the
+  ``BatchGenerator`` from the loaded weights; queued sequences carry over;
+* anything else escapes :meth:`EngineLoop.run` and kills the thread, and the
+  Trio side restarts it (see :class:`~.engine.Engine`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .handle import GenerationHandle
+from .model import LoadedModel
+from .pacing import PrefillPacer
+from .prefix_cache import Entry, Match
+from .types import EngineStats, GenerationEvent, GenerationStats
+
+log = logging.getLogger("mlxtrio.engine")
+
+_LATENCY_HISTORY = 256
+Delivery = tuple[GenerationHandle, GenerationEvent]
+
+
+class Outbox(Protocol):
+    """What the loop hands to the Trio thread (each call is one ``run_sync_soon``)."""
+
+    def deliver(self, deliveries: list[Delivery]) -> None: ...
+    def snapshot(self, entry: Entry) -> None: ...
+    def release(self, match: Match) -> None: ...
+
+
+@dataclass
+class LoopSettings:
+    capacity: int
+    max_prefill_chunk: int
+    prefill_step_seconds: float
+    default_max_tokens: int
+    cache_enabled: bool
+
+
+class SequenceGuard:
+    """One sequence's logits processors, run so that an exception in them ends
+    that sequence instead of the batch step: the first error is kept, the logits
+    pass through unchanged from then on, and the loop fails the sequence after
+    the step."""
+
+    def __init__(self, processors: list[Callable[[Any, Any], Any]]) -> None:
+        self.processors = processors
+        self.error: BaseException | None = None
+
+    def __call__(self, context: Any, logits: Any) -> Any:
+        if self.error is not None:
+            return logits
+        try:
+            out = logits
+            for processor in self.processors:
+                out = processor(context, out)
+            return out
+        except Exception as exc:  # a processor bug must not take the batch down
+            self.error = exc
+            return logits
+
+
+@dataclass
+class _Sequence:
+    """Engine-thread bookkeeping for one live sequence."""
+
+    handle: GenerationHandle
+    uid: int
+    detokenizer: Any
+    submitted_at: float
+    stats: GenerationStats
+    guard: SequenceGuard | None
+    generated: list[int]  # token ids, as received (the processors' host view)
+    prefill_started_at: float | None = None
+    prefill_done_at: float | None = None
+    first_token_at: float | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefill_done_at is None
+
+    @property
+    def context(self) -> int:
+        """Tokens in its KV cache so far (while prefilling)."""
+        return self.stats.cached_tokens + self.stats.prefilled_tokens
+
+
+@dataclass
+class EngineLoop:
+    """One incarnation of the engine thread's work. ``snapshots`` (prefix-cache
+    KV by entry id) and ``stats`` outlive it."""
+
+    loaded: LoadedModel
+    commands: queue.SimpleQueue[tuple[str, Any]]
+    outbox: Outbox
+    settings: LoopSettings
+    snapshots: dict[int, list[Any]]
+    stats: EngineStats
+    next_entry_id: Callable[[], int]
+    live: dict[int, _Sequence] = field(default_factory=dict)
+    by_handle: dict[GenerationHandle, _Sequence] = field(default_factory=dict)
+    _spellings: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.pacer = PrefillPacer(
+            self.settings.prefill_step_seconds, self.settings.max_prefill_chunk
+        )
+        self.gen = self._new_generator()
+
+    def run(self) -> None:
+        """Serve until a ``shutdown`` command. Exceptions other than a failed
+        step propagate (the thread dies and is restarted by the Trio side)."""
+        try:
+            while self._apply_commands(block=not self.live):
+                if self.live:
+                    self._step()
+        finally:
+            self.gen.close()
+
+    # -- commands (the safepoint) --------------------------------------------
+
+    def _apply_commands(self, block: bool) -> bool:
+        """Apply queued commands. False means shut down."""
+        while True:
+            try:
+                command, arg = self.commands.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if command == "shutdown":
+                self._end_all(lambda seq: _final("cancelled", seq.stats))
+                return False
+            if command == "submit":
+                self._insert(arg)
+            elif command == "cancel":
+                self._remove(arg)
+            elif command == "drop":
+                for entry_id in arg:
+                    self.snapshots.pop(entry_id, None)
+
+    def _insert(self, handle: GenerationHandle) -> None:
+        if handle.done:  # failed while a previous engine thread held it
+            return
+        if handle.cancel_requested:
+            self._release(handle)
+            stats = GenerationStats(prompt_tokens=len(handle.prompt))
+            self.outbox.deliver([(handle, _final("cancelled", stats))])
+            return
+        try:
+            self._start(handle)
+        except Exception as exc:
+            log.exception("could not start a sequence of %d prompt tokens", len(handle.prompt))
+            self._release(handle)
+            self.outbox.deliver([(handle, _error(f"could not start generation: {exc}"))])
+
+    def _start(self, handle: GenerationHandle) -> None:
+        from mlx_lm.generate import StopSequences
+
+        from .constraints import OpeningConstraint, ReasoningBudget
+        from .sampling import normalized, penalty_processors, sampler_for
+
+        loaded, tokenizer = self.loaded, self.loaded.tokenizer
+        params = normalized(handle.sampling, loaded.vocab_size)
+        eos = [(t,) for t in tokenizer.eos_token_ids]
+        stops = StopSequences(eos + [(t,) for t in params.stop_token_ids])
+        generated: list[int] = []
+        processors: list[Any] = penalty_processors(params)
+        end_tokens = tuple(getattr(tokenizer, "think_end_tokens", None) or ())
+        if params.reasoning_budget is not None and len(end_tokens) == 1:
+            processors.append(ReasoningBudget(params.reasoning_budget, end_tokens[0], generated))
+        for constraint in params.constraints:
+            spellings = tuple(self._spelling(text) for text in constraint.openings)
+            processors.append(
+                OpeningConstraint(
+                    constraint.openings,
+                    constraint.after,
+                    loaded.token_texts,
+                    constraint.repeat,
+                    spellings,
+                    generated,
+                )
+            )
+        sampler = sampler_for(params)
+        guard = SequenceGuard(processors) if processors else None
+        cache, reused = self._cache_for(handle)
+        stats = GenerationStats(prompt_tokens=len(handle.prompt), cached_tokens=reused)
+        (uid,) = self.gen.insert(
+            [handle.prompt[reused:]],
+            max_tokens=[params.max_tokens],
+            caches=[cache],
+            all_tokens=[handle.prompt[:reused]],
+            samplers=[sampler],
+            logits_processors=[[guard] if guard else []],
+            stop_sequences=[stops],
+        )
+        seq = _Sequence(
+            handle, uid, tokenizer.detokenizer, time.perf_counter(), stats, guard, generated
+        )
+        self.live[uid] = seq
+        self.by_handle[handle] = seq
+        self.stats.submitted += 1
+
+    def _spelling(self, text: str) -> tuple[int, ...]:
+        """How the tokenizer spells ``text`` (tool-call openings recur per request)."""
+        spelling = self._spellings.get(text)
+        if spelling is None:
+            if len(self._spellings) >= 4096:
+                self._spellings.clear()
+            spelling = tuple(self.loaded.tokenizer.encode(text, add_special_tokens=False))
+            self._spellings[text] = spelling
+        return spelling
+
+    def _release(self, handle: GenerationHandle) -> None:
+        """Unpin ``handle``'s prefix match (the sequence will not use it)."""
+        if handle.match is not None:
+            self.outbox.release(handle.match)
+
+    def _cache_for(self, handle: GenerationHandle) -> tuple[Any, int]:
+        """A private copy of the matched snapshot trimmed to the match, or (None, 0).
+        The match is unpinned once the copy exists."""
+        match = handle.match
+        if match is None:
+            return None, 0
+        snapshot = self.snapshots.get(match.entry.id)
+        self.outbox.release(match)
+        if snapshot is None:
+            return None, 0
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        cache = copy.deepcopy(snapshot)
+        excess = len(match.entry.tokens) - match.length
+        if excess > 0 and trim_prompt_cache(cache, excess) != excess:
+            return None, 0
+        return cache, match.length
+
+    def _remove(self, handle: GenerationHandle) -> None:
+        seq = self.by_handle.pop(handle, None)
+        if seq is None:
+            return  # finished already, or never inserted
+        kept = self.gen.remove([seq.uid], return_prompt_caches=self.settings.cache_enabled)
+        if seq.uid in kept:  # keep what was prefilled: the next turn may reuse it
+            cache, tokens = kept[seq.uid]
+            self._keep_snapshot(handle.cache_key, cache, tokens)
+        del self.live[seq.uid]
+        self.stats.cancelled += 1
+        if handle.cancel_requested_at_step is not None:
+            latency = self.stats.steps - handle.cancel_requested_at_step
+            self.stats.cancel_latency_steps.append(latency)
+            del self.stats.cancel_latency_steps[:-_LATENCY_HISTORY]
+        _finish_stats(seq, time.perf_counter())
+        self.stats.last_cancelled = seq.stats
+        self.outbox.deliver([(handle, _final("cancelled", seq.stats))])
+
+    def _keep_snapshot(self, key: Any, cache: list[Any] | None, tokens: list[int]) -> None:
+        """Hold a finished or cancelled sequence's KV and tell the index about it."""
+        if not self.settings.cache_enabled or not cache or not tokens:
+            return
+        from mlx_lm.models.cache import can_trim_prompt_cache
+
+        entry_id = self.next_entry_id()
+        self.snapshots[entry_id] = cache
+        nbytes = sum(c.nbytes for c in cache)
+        self.outbox.snapshot(
+            Entry(entry_id, key, list(tokens), nbytes, can_trim_prompt_cache(cache))
+        )
+
+    # -- stepping --------------------------------------------------------------
+
+    def _step(self) -> None:
+        context = self._pace()
+        try:
+            with self.gen.stats() as timing:
+                prompt_responses, gen_responses = self.gen.next()
+        except Exception as exc:
+            self._recover(exc)
+            return
+        self.stats.steps += 1
+        if timing.prompt_tokens:
+            self.pacer.observe(timing.prompt_tokens, timing.prompt_time, context)
+        deliveries = self._collect(prompt_responses, gen_responses)
+        deliveries.extend(self._fail_guarded())
+        if deliveries:
+            self.outbox.deliver(deliveries)
+
+    def _pace(self) -> int:
+        """Size this step's prefill chunk by time; returns the context the chunk
+        attends to on average (for the pacer to learn from)."""
+        prefilling = [seq for seq in self.live.values() if seq.prefilling]
+        if not prefilling:
+            return 0
+        rows = min(len(prefilling), self.settings.capacity)
+        context = max(seq.context for seq in prefilling)
+        chunk = self.pacer.chunk(context, rows)
+        self.gen.prefill_step_size = chunk
+        return context + chunk // 2
+
+    def _recover(self, exc: Exception) -> None:
+        """A step raised: fail the sequences that were in it and start a fresh
+        ``BatchGenerator``; sequences still queued in the old one carry over."""
+        old = self.gen
+        waiting = {item[0] for item in old._unprocessed_sequences}
+        failed = [seq for uid, seq in self.live.items() if uid not in waiting]
+        log.exception(
+            "engine step failed; ending the %d sequence(s) in it and rebuilding the batch",
+            len(failed),
+            exc_info=exc,
+        )
+        self.gen = self._new_generator()
+        # mlx-lm has no public way to move queued work between generators; the
+        # queue holds plain tuples keyed by uid, so hand it over with the uid
+        # counter that keeps the uids unique.
+        self.gen._unprocessed_sequences = old._unprocessed_sequences
+        self.gen._uid_count = old._uid_count
+        old.close()
+        deliveries = [(seq.handle, _error(f"generation failed: {exc}")) for seq in failed]
+        for seq in failed:
+            self._forget(seq)
+        self.outbox.deliver(deliveries)
+
+    def _fail_guarded(self) -> list[Delivery]:
+        """End the sequences whose logits processors raised during the step."""
+        broken = [
+            (seq, seq.guard.error)
+            for seq in self.live.values()
+            if seq.guard is not None and seq.guard.error is not None
+        ]
+        if not broken:
+            return []
+        self.gen.remove([seq.uid for seq, _ in broken])
+        deliveries = []
+        for seq, error in broken:
+            log.error("a logits processor failed; ending its sequence", exc_info=error)
+            self._forget(seq)
+            deliveries.append((seq.handle, _error(f"generation failed: {error}")))
+        return deliveries
+
+    def _new_generator(self) -> Any:
+        from mlx_lm.generate import BatchGenerator
+
+        s = self.settings
+        return BatchGenerator(
+            self.loaded.model,
+            max_tokens=s.default_max_tokens,
+            stop_tokens=[[t] for t in self.loaded.tokenizer.eos_token_ids],
+            completion_batch_size=s.capacity,
+            prefill_batch_size=s.capacity,
+            prefill_step_size=self.pacer.first_chunk,
+        )
+
+    def _forget(self, seq: _Sequence) -> None:
+        self.live.pop(seq.uid, None)
+        self.by_handle.pop(seq.handle, None)
+
+    def _end_all(self, event_for: Callable[[_Sequence], GenerationEvent]) -> None:
+        deliveries = [(seq.handle, event_for(seq)) for seq in self.live.values()]
+        self.live.clear()
+        self.by_handle.clear()
+        if deliveries:
+            self.outbox.deliver(deliveries)
+
+    # -- results ---------------------------------------------------------------
+
+    def _collect(self, prompt_responses: list[Any], gen_responses: list[Any]) -> list[Delivery]:
+        now = time.perf_counter()
+        for r in prompt_responses:
+            seq = self.live.get(r.uid)
+            if seq is None:
+                continue
+            if seq.prefill_started_at is None:
+                seq.prefill_started_at = now
+                seq.stats.queue_seconds = now - seq.submitted_at
+            seq.stats.prefilled_tokens = int(r.progress[0])
+            if r.end_of_prompt:
+                seq.prefill_done_at = now
+        self.stats.max_batch_size = max(self.stats.max_batch_size, len(gen_responses))
+        deliveries = []
+        for r in gen_responses:
+            seq = self.live.get(r.uid)
+            if seq is not None:
+                deliveries.append((seq.handle, self._token_event(seq, r, now)))
+        return deliveries
+
+    def _token_event(self, seq: _Sequence, r: Any, now: float) -> GenerationEvent:
+        stats = seq.stats
+        stats.generated_tokens += 1
+        self.stats.generated_tokens += 1
+        seq.generated.append(r.token)
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+            seq.prefill_done_at = seq.prefill_done_at or now
+            stats.time_to_first_token = now - seq.submitted_at
+            self.stats.prompt_tokens += stats.prompt_tokens
+        detok = seq.detokenizer
+        if r.finish_reason != "stop":  # the stop token itself is never shown
+            detok.add_token(r.token)
+        if r.finish_reason is None:
+            return GenerationEvent((r.token,), detok.last_segment)
+        detok.finalize()
+        self._forget(seq)
+        self._keep_snapshot(seq.handle.cache_key, r.prompt_cache, r.all_tokens)
+        self.stats.finished += 1
+        _finish_stats(seq, now)
+        return GenerationEvent((r.token,), detok.last_segment, r.finish_reason, stats)
+
+
+def _finish_stats(seq: _Sequence, now: float) -> None:
+    stats = seq.stats
+    if seq.prefill_started_at is not None and seq.prefill_done_at is not None:
+        elapsed = seq.prefill_done_at - seq.prefill_started_at
+        if elapsed > 0 and stats.prefilled_tokens:
+            stats.prefill_tokens_per_second = stats.prefilled_tokens / elapsed
+    if seq.first_token_at is not None and stats.generated_tokens > 1:
+        elapsed = now - seq.first_token_at
+        if elapsed > 0:
+            stats.decode_tokens_per_second = (stats.generated_tokens - 1) / elapsed
+
+
+def _final(reason: str, stats: GenerationStats) -> GenerationEvent:
+    return GenerationEvent(finish_reason=reason, stats=stats)  # type: ignore[arg-type]
+
+
+def _error(message: str) -> GenerationEvent:
+    return GenerationEvent(error=message)

@@ -1,0 +1,95 @@
+"""Loading a model for the engine: weights, tokenizer, compute type, and the
+per-vocabulary tables the request path needs.
+
+Runs on the engine thread (loading touches MLX). The result outlives the thread
+that loaded it: an engine thread that is restarted after a crash serves the
+same :class:`LoadedModel` without reading the weights again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+from .constraints import TokenTexts
+from .precision import apply_compute_dtype
+
+log = logging.getLogger("mlxtrio.engine")
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # the mlx-lm model (MLX: engine thread only)
+    tokenizer: Any  # mlx-lm TokenizerWrapper; thread-safe to render with
+    config: dict[str, Any]
+    dtype: str  # what it computes in
+    load_seconds: float
+    vocab_size: int  # rows of the output layer (may exceed the tokenizer's)
+    # The longest text any one token stands for: a prompt of N characters has
+    # at least N / max_token_chars tokens, which bounds a prompt's size before
+    # paying for its tokenization.
+    max_token_chars: int
+    # Every token's text, for constrained openings.
+    token_texts: TokenTexts
+    # The id of the model's tool-call marker when it is one token.
+    tool_call_token: int | None
+
+    @property
+    def context_length(self) -> int:
+        return int(self.config.get("max_position_embeddings") or 32768)
+
+
+def load_model(name: str, path: str, compute_dtype: str) -> LoadedModel:
+    """Load ``path`` (a local directory or hub id) and pick its compute type."""
+    from mlx_lm import load
+
+    log.info("loading model %s from %s", name, path)
+    started = time.perf_counter()
+    model, tokenizer, config = cast(tuple[Any, Any, dict[str, Any]], load(path, return_config=True))
+    # Built now rather than at the first request that needs it, which would
+    # stall every running sequence while a large vocabulary is decoded.
+    texts = TokenTexts.from_tokenizer(tokenizer)
+    tool_call_token = None
+    if getattr(tokenizer, "has_tool_calling", False):
+        marker = tokenizer.encode(tokenizer.tool_call_start, add_special_tokens=False)
+        tool_call_token = marker[0] if len(marker) == 1 else None
+    precision = apply_compute_dtype(model, compute_dtype)
+    if precision.upcast_reason:
+        log.info(
+            "model %s computes in %s on the CPU (%s)",
+            name,
+            precision.dtype,
+            precision.upcast_reason,
+        )
+    if precision.hint:
+        log.warning("%s", precision.hint)
+    loaded = LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        config=config,
+        dtype=precision.dtype,
+        load_seconds=time.perf_counter() - started,
+        vocab_size=int(config.get("vocab_size") or len(texts.texts)),
+        max_token_chars=max(1, max(map(len, texts.texts), default=1), _longest_added(tokenizer)),
+        token_texts=texts,
+        tool_call_token=tool_call_token,
+    )
+    log.info(
+        "model %s ready in %.2f s (%s, %d layers, context %d, %s)",
+        name,
+        loaded.load_seconds,
+        config.get("model_type", "?"),
+        config.get("num_hidden_layers", 0),
+        loaded.context_length,
+        loaded.dtype,
+    )
+    return loaded
+
+
+def _longest_added(tokenizer: Any) -> int:
+    """The longest added (special) token's text: decoding after an anchor, as
+    :class:`TokenTexts` does, may render those as empty."""
+    added: dict[str, int] = getattr(tokenizer, "get_added_vocab", dict)()
+    return max((len(text) for text in added), default=1)

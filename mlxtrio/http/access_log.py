@@ -1,0 +1,62 @@
+"""One log line per request, written when the response is over (for a stream:
+after its last event), so users can see what the server did:
+
+    POST /v1/messages 200 model=mlxtrio-tiny prompt=3412 cached=3300 generated=57
+        ttft=0.41s duration=1.20s finish=stop
+
+Routes fill in what they know through :func:`current_record`; the app's ASGI
+entry point creates the record, notes the status and writes the line.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("mlxtrio.access")
+
+RECORD_KEY = "mlxtrio.access"
+
+
+@dataclass
+class AccessRecord:
+    method: str
+    path: str
+    started: float = field(default_factory=time.perf_counter)
+    status: int | None = None
+    model: str | None = None
+    stream: bool = False
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    generated_tokens: int | None = None
+    ttft: float | None = None
+    finish: str | None = None
+
+    def line(self) -> str:
+        status = "-" if self.status is None else str(self.status)  # no response: client left
+        parts = [self.method, self.path, status]
+        values: list[tuple[str, Any]] = [
+            ("model", self.model),
+            ("stream", "yes" if self.stream else None),
+            ("prompt", self.prompt_tokens),
+            ("cached", self.cached_tokens),
+            ("generated", self.generated_tokens),
+            ("ttft", None if self.ttft is None else f"{self.ttft:.2f}s"),
+            ("duration", f"{time.perf_counter() - self.started:.2f}s"),
+            ("finish", self.finish),
+        ]
+        parts.extend(f"{name}={value}" for name, value in values if value is not None)
+        return " ".join(parts)
+
+
+def current_record(scope: dict[str, Any]) -> AccessRecord:
+    """The record of the request ``scope`` belongs to (a throwaway one outside
+    the app's entry point, e.g. in unit tests)."""
+    record = scope.get(RECORD_KEY)
+    return record if isinstance(record, AccessRecord) else AccessRecord("?", "?")
+
+
+def write(record: AccessRecord) -> None:
+    log.info("%s", record.line())

@@ -1,0 +1,29 @@
+"""Logging set-up shared by ``mlxtrio serve`` and ``hypercorn mlxtrio.app:app``."""
+
+from __future__ import annotations
+
+import logging
+
+# Libraries whose lines are noise to a user of the server, and the level from
+# which they are shown. transformers warns once per tokenizer that a long agent
+# prompt is "longer than the specified maximum sequence length" of a config
+# field the server does not use.
+QUIET_LOGGERS = {
+    "alembic": logging.WARNING,
+    "httpx": logging.WARNING,
+    "urllib3": logging.WARNING,
+    "filelock": logging.WARNING,
+    "huggingface_hub": logging.WARNING,
+    "transformers": logging.ERROR,
+}
+
+
+def configure_logging(level: str) -> None:
+    """The server's log format at ``level``; library chatter quieter."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+    root_level = logging.getLogger().level
+    for name, floor in QUIET_LOGGERS.items():
+        logging.getLogger(name).setLevel(max(floor, root_level))

@@ -1,0 +1,134 @@
+"""Input items of an OpenAI Responses request (``input`` as an array).
+
+The accepted item types are the ones agent clients send back with each turn:
+messages, reasoning, function and custom tool calls and their outputs, plus
+references and server-side tool records, which carry nothing to render. An item
+without ``type`` is a message (the SDKs' "easy input message").
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from .fields import (
+    ARRAY,
+    OBJECT,
+    STRING,
+    ListOrNull,
+    NonEmpty,
+    RequestModel,
+    dispatch,
+    shape,
+    variant,
+)
+
+# -- content parts -----------------------------------------------------------------
+
+
+class TextPart(RequestModel):
+    type: Literal["input_text", "output_text", "summary_text", "text"]
+    text: str
+
+
+class RefusalPart(RequestModel):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class ImagePart(RequestModel):
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+
+
+ContentPart = Annotated[
+    Annotated[TextPart, variant("type", "input_text")]
+    | Annotated[TextPart, variant("type", "output_text")]
+    | Annotated[TextPart, variant("type", "summary_text")]
+    | Annotated[TextPart, variant("type", "text")]
+    | Annotated[RefusalPart, variant("type", "refusal")]
+    | Annotated[ImagePart, variant("type", "input_image")],
+    dispatch("type"),
+]
+Content = Annotated[
+    Annotated[str, STRING] | Annotated[list[ContentPart], ARRAY],
+    shape("a string or an array of content parts"),
+]
+
+# -- items ---------------------------------------------------------------------------
+
+
+class MessageItem(RequestModel):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Content = ""
+
+
+class SummaryText(RequestModel):
+    type: Literal["summary_text"] = "summary_text"
+    text: str
+
+
+class ReasoningItem(RequestModel):
+    type: Literal["reasoning"]
+    summary: ListOrNull[SummaryText] = Field(default_factory=list)
+    # What this server issued comes back here (see chat.sealing); anything else is ignored.
+    encrypted_content: str | None = None
+
+
+class FunctionCallItem(RequestModel):
+    type: Literal["function_call"]
+    name: str
+    call_id: str | None = None
+    id: str | None = None
+    # A JSON string; an already parsed object is taken as well.
+    arguments: Annotated[
+        Annotated[str, STRING] | Annotated[dict[str, Any], OBJECT],
+        shape("a string of JSON arguments"),
+    ] = ""
+
+
+class CustomToolCallItem(RequestModel):
+    type: Literal["custom_tool_call"]
+    name: str
+    call_id: str | None = None
+    id: str | None = None
+    input: str = ""
+
+
+class ToolOutputItem(RequestModel):
+    """A function or custom tool's result, answering the call ``call_id``."""
+
+    type: Literal["function_call_output", "custom_tool_call_output"]
+    call_id: NonEmpty
+    output: Annotated[
+        Annotated[str, STRING]
+        | Annotated[list[ContentPart], ARRAY]
+        | Annotated[dict[str, Any], OBJECT],
+        shape("a string, an array of content parts or an object"),
+    ] = ""
+
+
+class PassiveItem(RequestModel):
+    """References and server-side tool records: nothing for the model to read."""
+
+    type: Literal["item_reference", "web_search_call", "tool_search_call", "tool_search_output"]
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, variant("type", "message")]
+    | Annotated[ReasoningItem, variant("type", "reasoning")]
+    | Annotated[FunctionCallItem, variant("type", "function_call")]
+    | Annotated[CustomToolCallItem, variant("type", "custom_tool_call")]
+    | Annotated[ToolOutputItem, variant("type", "function_call_output")]
+    | Annotated[ToolOutputItem, variant("type", "custom_tool_call_output")]
+    | Annotated[PassiveItem, variant("type", "item_reference")]
+    | Annotated[PassiveItem, variant("type", "web_search_call")]
+    | Annotated[PassiveItem, variant("type", "tool_search_call")]
+    | Annotated[PassiveItem, variant("type", "tool_search_output")],
+    dispatch("type", default="message"),
+]
+ToolCallItem = FunctionCallItem | CustomToolCallItem
