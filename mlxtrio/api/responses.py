@@ -37,7 +37,7 @@ from ..http.transport import client_domain, read_json_body
 from ..protocol.openai_responses import ResponseObject, TextConfig, new_id
 from ..protocol.responses_items import InputItem
 from ..protocol.responses_requests import FunctionTool, ResponsesRequest, Tool
-from ..store import StoredResponse, StoreError
+from ..store import ResponseStore, StoredResponse, StoreError
 from .deps import on_request_end, request_nursery, resolve_engine, services
 from .generation import (
     SHUTDOWN_MESSAGE,
@@ -177,7 +177,7 @@ def store_failure(exc: StoreError, doing: str) -> ApiError:
 def initial_response(turn: Turn, sampling: SamplingParams) -> ResponseObject:
     """The Response object's echo of the request, with the sampling values used."""
     request = turn.request
-    text = request.text.wire() if request.text is not None else {}
+    text = request.text
     tool_choice = request.tool_choice if request.tool_choice is not None else "auto"
     return ResponseObject(
         model=request.model,
@@ -197,7 +197,10 @@ def initial_response(turn: Turn, sampling: SamplingParams) -> ResponseObject:
             "summary": None,
             **(request.reasoning.wire() if request.reasoning is not None else {}),
         },
-        text=TextConfig(**{"verbosity": "medium", **text}),
+        text=TextConfig(
+            format=text.format.wire() if text and text.format else {"type": "text"},
+            verbosity=text.verbosity if text and text.verbosity else "medium",
+        ),
         store=request.store is not False and services().store is not None,
         metadata=request.metadata.wire() if request.metadata is not None else {},
         prompt_cache_key=request.prompt_cache_key,
@@ -255,18 +258,18 @@ async def persist(turn: Turn, response: ResponseObject) -> bool:
 def take_back_unless(delivered: Callable[[], bool], response_id: str) -> None:
     """When the request ends, delete the stored turn unless ``delivered()``: a
     client that left before the terminal event never saw the turn complete."""
+    svc = services()  # the check runs after the request context is gone
+    store = svc.store
+    assert store is not None
 
     def check() -> None:
         if not delivered():
-            services().spawn(_take_back, response_id)
+            svc.spawn(_take_back, store, response_id)
 
     on_request_end(check)
 
 
-async def _take_back(response_id: str) -> None:
-    store = services().store
-    if store is None:
-        return
+async def _take_back(store: ResponseStore, response_id: str) -> None:
     try:
         if await store.discard(response_id):
             log.info("response %s was not delivered (the client left); not kept", response_id)

@@ -1,0 +1,131 @@
+"""Store faults as clients see them: a PostgreSQL that stopped or hung gives a
+clear 503 on reads and a served-but-unstored turn on creation, never a 500 with
+internals or a hang; a busy SQLite answers DELETE clearly; the password never
+reaches a log or a body; and a turn whose client left before its terminal event
+is not left stored."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from .conftest import SCRIPTED, RawConnection, Server, wait_until
+from .test_store_faults import (  # noqa: F401 - fixtures
+    PASSWORD,
+    PG_HOST,
+    FaultyProxy,
+    pg_database,
+    proxy,
+    requires_pg,
+)
+
+HI = {"model": SCRIPTED, "input": "hi", "max_output_tokens": 8}
+DEADLINE = 1.0  # the servers' store deadlines here
+SLACK = 3.0  # a request may take this much longer than the deadline
+
+
+async def pg_server(server_factory, scripted_model_path: str, database: str, port: int) -> Server:
+    return await server_factory(
+        model=scripted_model_path,
+        model_name=SCRIPTED,
+        database_url=f"postgresql://postgres:{PASSWORD}@127.0.0.1:{port}/{database}",
+        store_timeout=DEADLINE,
+        store_write_timeout=DEADLINE,
+    )
+
+
+def assert_clear_503(r: httpx.Response) -> None:
+    assert r.status_code == 503, r.text
+    error = r.json()["error"]
+    assert error["type"] == "server_error" and "response store" in error["message"]
+    for secret in (PASSWORD, PG_HOST, "psycopg", "sqlalchemy", "postgresql"):
+        assert secret not in r.text, secret
+
+
+@requires_pg
+@pytest.mark.parametrize("fault", ["stopped", "hung"])
+async def test_postgres_faults_are_clear_and_bounded(
+    server_factory,
+    scripted_model_path: str,
+    pg_database: str,  # noqa: F811
+    proxy: FaultyProxy,  # noqa: F811
+    fault: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    server = await pg_server(server_factory, scripted_model_path, pg_database, proxy.port)
+    async with server.client() as client:
+        first = (await client.post("/v1/responses", json=HI)).json()
+        assert (await client.get(f"/v1/responses/{first['id']}")).status_code == 200
+        proxy.stop() if fault == "stopped" else proxy.hang()
+        with trio.fail_after(DEADLINE + SLACK):
+            read = await client.get(f"/v1/responses/{first['id']}")
+        assert_clear_503(read)
+        with trio.fail_after(DEADLINE + SLACK):
+            continued = await client.post(
+                "/v1/responses", json={**HI, "previous_response_id": first["id"]}
+            )
+        assert_clear_503(continued)
+        with trio.fail_after(DEADLINE + SLACK):
+            deleted = await client.delete(f"/v1/responses/{first['id']}")
+        assert_clear_503(deleted)
+        with trio.fail_after(2 * DEADLINE + SLACK):  # served, just not stored
+            fresh = await client.post("/v1/responses", json=HI)
+        assert fresh.status_code == 200 and fresh.json()["output_text"] == "Hello world."
+        assert (await client.get("/health")).status_code == 200
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert PASSWORD not in logged
+    assert "could not store response" in logged
+
+
+async def test_delete_on_a_locked_sqlite_store_is_a_clear_error(
+    server_factory, scripted_model_path: str, tmp_path: Path
+) -> None:
+    server = await server_factory(
+        model=scripted_model_path,
+        model_name=SCRIPTED,
+        data_dir=str(tmp_path),
+        store_timeout=DEADLINE,
+    )
+    async with server.client() as client:
+        created = (await client.post("/v1/responses", json=HI)).json()
+        locker = sqlite3.connect(tmp_path / "responses.db", timeout=0.1)
+        try:
+            locker.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+            with trio.fail_after(DEADLINE + SLACK):
+                r = await client.delete(f"/v1/responses/{created['id']}")
+        finally:
+            locker.rollback()
+            locker.close()
+        assert_clear_503(r)
+        assert "busy" in r.json()["error"]["message"]
+        again = await client.delete(f"/v1/responses/{created['id']}")
+    assert again.status_code == 200 and again.json()["deleted"] is True
+
+
+async def test_a_turn_whose_client_left_before_completed_is_not_kept(scripted: Server) -> None:
+    """The soak of the issue: hang up right after the last delta, just before
+    ``response.completed``; none of those turns may stay stored (before: 34/34)."""
+    store = scripted.services.store
+    assert store is not None
+    body = {**HI, "stream": True}
+    for _ in range(10):
+        conn = await RawConnection.open(scripted)
+        await conn.post_json("/v1/responses", body)
+        await conn.read_until(b"response.output_text.done")
+        await conn.close()
+    await wait_until(lambda: scripted.engine.active_sequences == 0, what="engine idle")
+    with trio.fail_after(10):
+        while await store.count():
+            await trio.sleep(0.05)
+    # A client that stays to the end keeps its turn.
+    async with scripted.client() as client:
+        async with client.stream("POST", "/v1/responses", json=body) as r:
+            await r.aread()
+    assert b"response.completed" in r.content or "response.completed" in r.text
+    assert await store.count() == 1
