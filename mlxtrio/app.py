@@ -68,8 +68,11 @@ class MlxtrioApp(QuartTrio):
                 await super().__call__(scope, receive, send_noting_status)  # type: ignore[arg-type]
                 nursery.cancel_scope.cancel()
         finally:
-            for cleanup in cleanups:
-                cleanup()
+            for cleanup in cleanups:  # each runs, whatever the others do
+                try:
+                    cleanup()
+                except Exception:
+                    log.exception("request cleanup failed")
             access_log.write(record)
 
 

@@ -23,6 +23,7 @@ serve``, tests, another ASGI server).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -30,14 +31,16 @@ import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import trio
 
 log = logging.getLogger("mlxtrio")
 
-# Time left for the terminal events to reach clients after the drain.
-DELIVERY_MARGIN = 1.0
+# Time left for the cancelled streams' terminal events to reach their clients
+# (the drain waits up to DRAIN_SETTLE of it for the engine to confirm).
+DELIVERY_MARGIN = 1.5
 
 Drain = Callable[[float], Awaitable[object]]
 
@@ -98,13 +101,23 @@ def exit_hypercorn(status: int) -> None:
     look like success to a shell or a service manager, so the supervisor is
     ended by a signal it does not handle, which makes it exit non-zero.
     """
-    # A spawned worker has the supervisor's sys.argv.
-    launched_by_hypercorn = os.path.basename(sys.argv[0]).startswith("hypercorn")
-    if multiprocessing.parent_process() is not None and launched_by_hypercorn:
+    parent = multiprocessing.parent_process()
+    # A spawned worker has the supervisor's sys.argv: the `hypercorn` script,
+    # or hypercorn/__main__.py under `python -m hypercorn`.
+    launched_by_hypercorn = any(
+        part.startswith("hypercorn") for part in Path(sys.argv[0]).parts[-2:]
+    )
+    # The parent must still be the supervisor that spawned this worker: once it
+    # is gone the worker is re-parented (to init or a subreaper), and on Windows
+    # a stale pid may name another process; the parent's sentinel knows.
+    if (
+        parent is not None
+        and launched_by_hypercorn
+        and parent.is_alive()
+        and parent.pid == os.getppid()
+    ):
         # SIGTERM on Windows, where os.kill means TerminateProcess.
         unhandled = getattr(signal, "SIGUSR1", signal.SIGTERM)
-        try:
-            os.kill(os.getppid(), unhandled)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            os.kill(parent.pid, unhandled)
     os._exit(status)

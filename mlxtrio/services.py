@@ -104,7 +104,11 @@ class Services:
         if url is None:
             log.info("response store disabled (database_url=none)")
             return
-        store = ResponseStore(url, timeout=self.settings.store_timeout)
+        try:
+            store = ResponseStore(url, timeout=self.settings.store_timeout)
+        except Exception as exc:  # an unusable URL: say which part, never the URL
+            log.error("the response store URL is not usable (%s); continuing without it", exc)
+            return
         try:
             await store.open()
         except StoreError as exc:

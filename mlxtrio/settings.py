@@ -45,7 +45,7 @@ class Settings:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str = ""
+    api_key: str = field(default="", repr=False)  # secrets stay out of reprs and logs
     # Browser origins allowed to call the server (comma-separated, fnmatch
     # patterns such as http://localhost:*, or *). Empty: no CORS at all, and
     # requests that carry any Origin are refused.
@@ -80,7 +80,7 @@ class Settings:
 
     # Response store: "" = SQLite file in data_dir, "none" = no store, or any
     # SQLAlchemy URL (postgresql://... uses psycopg 3).
-    database_url: str = ""
+    database_url: str = field(default="", repr=False)
     data_dir: str = ""  # default: the platform's user data dir for mlxtrio
     response_retention: int = 7 * 24 * 3600
     store_timeout: float = 5.0  # any store call (reads, deletes, start-up)

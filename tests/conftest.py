@@ -5,6 +5,7 @@ model, driven over real sockets."""
 from __future__ import annotations
 
 import json
+import socket
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -91,6 +92,13 @@ def scripted_model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 async def scripted(server_factory: ServerFactory, scripted_model_path: str) -> Server:
     """The server on the scripted model (exactly known greedy output)."""
     return await server_factory(model=scripted_model_path, model_name=SCRIPTED)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for servers started as processes)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:

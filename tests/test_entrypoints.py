@@ -10,10 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
 from mlxtrio.cli import build_parser, settings_from_args
 from mlxtrio.settings import Settings, SettingsError
+
+from .conftest import free_port
 
 BIN = Path(sys.executable).parent
 
@@ -42,7 +45,7 @@ async def test_asyncio_worker_refuses_with_one_clear_line_and_fails() -> None:
 async def test_mlxtrio_serve_cli_serves_and_shuts_down_gracefully(
     nursery: trio.Nursery, scripted_model_path: str
 ) -> None:
-    port = 18765
+    port = free_port()
     proc = await nursery.start(
         lambda task_status: trio.run_process(
             [
@@ -130,12 +133,16 @@ def _hypercorn_env(scripted_model_path: str, data_dir: Path) -> dict[str, str]:
     }
 
 
+POSIX_ONLY = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and ps")
+
+
+@POSIX_ONLY
 async def test_plain_hypercorn_drains_streams_on_sigterm(
     nursery: trio.Nursery, scripted_model_path: str, tmp_path: Path
 ) -> None:
     """SIGTERM to hypercorn's supervisor (docker stop, kill, systemd): the stream
     in flight still gets its terminal event within hypercorn's graceful timeout."""
-    port = 18766
+    port = free_port()
     proc = await nursery.start(
         lambda task_status: trio.run_process(
             [
@@ -163,12 +170,13 @@ async def test_plain_hypercorn_drains_streams_on_sigterm(
     assert proc.returncode == 0
 
 
+@POSIX_ONLY
 async def test_plain_hypercorn_worker_drains_on_its_own_sigterm(
     nursery: trio.Nursery, scripted_model_path: str, tmp_path: Path
 ) -> None:
     """SIGTERM to the worker process alone (systemd signals the whole control
     group): it drains, then hands back to hypercorn, which starts a new one."""
-    port = 18767
+    port = free_port()
     proc = await nursery.start(
         lambda task_status: trio.run_process(
             [

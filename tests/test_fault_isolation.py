@@ -12,11 +12,12 @@ import trio
 from mlx_lm.generate import GenerationBatch
 
 from mlxtrio.engine import constraints, loop
+from mlxtrio.engine import engine as engine_module
 from mlxtrio.engine.engine import Engine, EngineState
 from mlxtrio.engine.handle import EngineError, GenerationHandle
 from mlxtrio.engine.types import SamplingParams, TextConstraint
 
-from .conftest import SCRIPTED, Server, wait_until
+from .conftest import SCRIPTED, Server, parse_sse, wait_until
 from .test_engine import prompt_for, started_engine
 
 
@@ -157,29 +158,37 @@ async def test_a_dead_engine_thread_restarts_and_every_handle_terminates(
             raise RuntimeError("engine bug")
         return real_collect(self, *args)
 
+    # A submit that races the death: it lands after the thread died, before the
+    # Trio side learns of it - no thread will ever read its command.
+    real_exit = Engine._on_thread_exit
+    racing: list[GenerationHandle] = []
+
+    def exit_with_a_racing_submit(self, error):  # type: ignore[no-untyped-def]
+        assert self.state is EngineState.READY
+        racing.append(self.submit(prompt, SamplingParams(max_tokens=5)))
+        real_exit(self, error)
+
     monkeypatch.setattr(loop.EngineLoop, "_collect", dying_once)
+    monkeypatch.setattr(Engine, "_on_thread_exit", exit_with_a_racing_submit)
+    monkeypatch.setattr(engine_module, "RESTART_BACKOFF", 1.0)  # /health can see it
     prompt = prompt_for(engine, "LOOP")
-    # Several handles, some of which the dying thread never reads.
     handles = [engine.submit(prompt, SamplingParams(max_tokens=50)) for _ in range(5)]
     outcomes = [await outcome(h) for h in handles]
+    assert len(racing) == 1  # the thread has died and the Trio side has heard of it
+    outcomes.append(await outcome(racing[0]))
     assert all(reason == "error" for _, reason in outcomes)
-    states: set[str] = set()
-
-    async def watch_health() -> None:
-        async with scripted.client() as client:
-            while True:
-                body = (await client.get("/health")).json()
-                states.add(body["models"][0]["state"])
-                if body["models"][0]["state"] == "ready":
-                    return
-
-    with trio.fail_after(30):
-        await watch_health()
-    assert engine.restarts == 1
-    assert engine.active_sequences == 0
     async with scripted.client() as client:
+        health = await client.get("/health")
+        assert health.status_code == 503
+        assert health.json()["models"][0]["state"] == "restarting"
+        refused = await client.post("/v1/responses", json={"model": SCRIPTED, "input": "hi"})
+        assert refused.status_code == 503 and "restarting" in refused.text
+        with trio.fail_after(30):
+            while (await client.get("/health")).status_code != 200:
+                await trio.sleep(0.05)
         r = await client.post("/v1/responses", json={"model": SCRIPTED, "input": "hi"})
     assert r.status_code == 200 and r.json()["output_text"] == "Hello world."
+    assert engine.restarts == 1 and engine.active_sequences == 0
 
 
 async def test_a_crash_loop_gives_up_with_a_clear_error(
@@ -215,3 +224,71 @@ async def test_submits_racing_shutdown_all_terminate(scripted_model_path: str) -
     outcomes = [await outcome(h) for h in handles]
     assert {reason for _, reason in outcomes} <= {"cancelled", "length"}
     assert engine.active_sequences == 0
+
+
+# -- a bug in the response path still ends the stream properly ------------------------
+
+
+async def test_a_producer_bug_ends_the_stream_with_its_terminal_event(
+    scripted: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlxtrio.api.messages_events import MessageAssembler
+    from mlxtrio.api.responses_events import ResponseAssembler
+
+    async def broken(self, *args):  # type: ignore[no-untyped-def]
+        raise RuntimeError("assembler bug")
+
+    monkeypatch.setattr(ResponseAssembler, "complete", broken)
+    monkeypatch.setattr(MessageAssembler, "finish", broken)
+    async with scripted.client() as client:
+        responses = await client.post(
+            "/v1/responses", json={"model": SCRIPTED, "input": "hi", "stream": True}
+        )
+        messages = await client.post(
+            "/v1/messages",
+            json={
+                "model": SCRIPTED,
+                "max_tokens": 8,
+                "stream": True,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
+    events = [e for e, _ in parse_sse(responses.text)]
+    assert events[-1] == "response.failed", events
+    assert "internal server error" in responses.text and "assembler bug" not in responses.text
+    events = [e for e, _ in parse_sse(messages.text)]
+    assert events[-1] == "error" and "message_stop" not in events, events
+    assert scripted.engine.state is EngineState.READY
+
+
+async def test_a_stream_whose_failure_path_fails_too_still_ends(
+    scripted: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlxtrio.api.messages_events import MessageAssembler
+    from mlxtrio.api.responses_events import ResponseAssembler
+
+    async def broken(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("assembler bug")
+
+    for cls, method in ((ResponseAssembler, "complete"), (MessageAssembler, "finish")):
+        monkeypatch.setattr(cls, method, broken)
+        monkeypatch.setattr(cls, "fail", broken)
+    async with scripted.client() as client:
+        responses = await client.post(
+            "/v1/responses", json={"model": SCRIPTED, "input": "hi", "stream": True}
+        )
+        messages = await client.post(
+            "/v1/messages",
+            json={
+                "model": SCRIPTED,
+                "max_tokens": 8,
+                "stream": True,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
+    events = parse_sse(responses.text)
+    name, last = events[-1]
+    assert name == "error" and last["code"] == "server_error", events[-2:]
+    assert last["sequence_number"] == events[-2][1]["sequence_number"] + 1
+    name, last = parse_sse(messages.text)[-1]
+    assert name == "error" and last["error"]["type"] == "api_error"

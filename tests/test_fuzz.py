@@ -35,10 +35,10 @@ from hypothesis import strategies as st
 from mlxtrio.protocol.anthropic_requests import MessagesRequest
 from mlxtrio.protocol.responses_requests import ResponsesRequest
 
-from .conftest import SCRIPTED
+from .conftest import SCRIPTED, free_port
 
 BIN = Path(sys.executable).parent
-PORT = 18791
+PORT = free_port()
 FUZZ = settings(
     derandomize=True,
     database=None,
@@ -316,6 +316,13 @@ NASTIES = [
     b'{"model": "scripted", "input": "hi", "seed": 18446744073709551616}',
     b'{"model": "scripted", "input": "hi", "max_output_tokens": 0.5}',
     b'{"model": "\x00", "input": "hi"}',
+    # JSON inside a JSON string: tool-call arguments the server parses itself.
+    b'{"model": "scripted", "input": [{"type": "function_call", "call_id": "c", "name": "f", '
+    b'"arguments": "' + b"9" * 5000 + b'"}, {"type": "function_call_output", "call_id": "c", '
+    b'"output": "x"}]}',
+    b'{"model": "scripted", "input": [{"type": "function_call", "call_id": "c", "name": "f", '
+    b'"arguments": "' + b"[" * 100_000 + b'"}, {"type": "function_call_output", "call_id": "c", '
+    b'"output": "x"}]}',
     b"\xef\xbb\xbf{}",
     b"\x00" * 64,
     b"null",

@@ -92,3 +92,24 @@ def test_unterminated_tool_call_is_salvaged_at_finish(tokenizer) -> None:
 
 def test_held_back_prefix_is_flushed_when_it_was_not_a_marker(tokenizer) -> None:
     assert merged(run(OutputParser(tokenizer), ["a <tool", " b"])) == [("text", "a <tool b")]
+
+
+def test_every_call_a_family_parser_returns_is_kept(tokenizer) -> None:
+    """mistral (like kimi_k2, gemma4, minimax_m2) returns several calls for one
+    segment; each becomes its own tool call, in order."""
+    from mlx_lm.tool_parsers import mistral
+
+    from mlxtrio.engine.output import parse_tool_calls
+
+    class Mistral:  # the embedded tokenizer, speaking mistral's call format
+        tool_parser = staticmethod(mistral.parse_tool_call)
+
+    raw = 'get_weather[ARGS]{"city": "Paris"}get_time[ARGS]{"zone": "UTC"}'
+    calls = parse_tool_calls(Mistral(), raw, None)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {"zone": "UTC"}),
+    ]
+    listed = json.dumps([{"name": "a", "arguments": {}}, {"name": "b", "arguments": "{}"}])
+    assert [c.name for c in parse_tool_calls(Mistral(), listed, None)] == ["a", "b"]
+    assert parse_tool_calls(Mistral(), "not a call", None) == []

@@ -320,8 +320,9 @@ async def test_a_store_from_before_owners_upgrades_in_place(tmp_path: Path) -> N
     from alembic.config import Config
     from sqlalchemy import create_engine
 
+    from mlxtrio.store import ResponseStore
+    from mlxtrio.store.connect import MIGRATIONS, sqlite_url
     from mlxtrio.store.schema import Base
-    from mlxtrio.store.store import MIGRATIONS, ResponseStore, sqlite_url
 
     url = sqlite_url(tmp_path / "old.db")
     config = Config()

@@ -36,14 +36,14 @@ from mlxtrio.store import (
     StoreUnavailable,
 )
 from mlxtrio.store import store as store_module
+from mlxtrio.store.connect import sqlite_url
 from mlxtrio.store.errors import Redactor, translate
 from mlxtrio.store.schema import ResponseRow
-from mlxtrio.store.store import sqlite_url
 
 PG_HOST, PG_PORT = "127.0.0.1", 5432
 PASSWORD = "s3cret"  # trust auth ignores it; it must never show up anywhere
 TIMEOUT = 1.0  # the store's deadline in these tests
-SLACK = 1.0  # how much later than the deadline a call may return
+SLACK = 4.0  # how much later than the deadline a call may return on a busy machine
 
 
 def _postgres_reachable() -> bool:
@@ -641,7 +641,7 @@ async def test_put_cancelled_while_waiting_for_the_sqlite_lock_never_lands(
 @contextmanager
 def read_only(*paths: Path) -> Iterator[None]:
     """Make files or directories read-only - for root too (``chattr +i``)."""
-    if os.geteuid() != 0:
+    if getattr(os, "geteuid", lambda: -1)() != 0:
         modes = {path: path.stat().st_mode for path in paths}
         for path in paths:
             path.chmod(0o555 if path.is_dir() else 0o444)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import trio
 
-from .conftest import SCRIPTED, RawConnection, Server, wait_until
+from .conftest import SCRIPTED, RawConnection, Server
 from .test_store_faults import (  # noqa: F401 - fixtures
     PASSWORD,
     PG_HOST,
@@ -108,24 +108,38 @@ async def test_delete_on_a_locked_sqlite_store_is_a_clear_error(
     assert again.status_code == 200 and again.json()["deleted"] is True
 
 
-async def test_a_turn_whose_client_left_before_completed_is_not_kept(scripted: Server) -> None:
-    """The soak of the issue: hang up right after the last delta, just before
-    ``response.completed``; none of those turns may stay stored (before: 34/34)."""
+async def test_a_turn_whose_client_left_before_completed_is_not_kept(
+    scripted: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn is committed before ``response.completed`` is sent; a client that
+    hangs up in between never saw it complete, so it must not stay stored (it
+    used to: 34/34 in a soak). The terminal event is held until the client has
+    gone, to make that window certain."""
+    from mlxtrio.api.responses_events import ResponseAssembler
+
     store = scripted.services.store
     assert store is not None
-    body = {**HI, "stream": True}
-    for _ in range(10):
-        conn = await RawConnection.open(scripted)
-        await conn.post_json("/v1/responses", body)
-        await conn.read_until(b"response.output_text.done")
-        await conn.close()
-    await wait_until(lambda: scripted.engine.active_sequences == 0, what="engine idle")
+    announce = ResponseAssembler.announce
+    held = trio.Event()
+
+    async def held_until_the_client_leaves(self: ResponseAssembler) -> None:
+        held.set()
+        await trio.sleep_forever()  # cancelled when the client hangs up
+
+    monkeypatch.setattr(ResponseAssembler, "announce", held_until_the_client_leaves)
+    conn = await RawConnection.open(scripted)
+    await conn.post_json("/v1/responses", {**HI, "stream": True})
+    with trio.fail_after(30):
+        await held.wait()
+    assert await store.count() == 1  # written ahead of the announcement
+    await conn.close()
     with trio.fail_after(10):
         while await store.count():
-            await trio.sleep(0.05)
+            await trio.sleep(0.02)
     # A client that stays to the end keeps its turn.
+    monkeypatch.setattr(ResponseAssembler, "announce", announce)
     async with scripted.client() as client:
-        async with client.stream("POST", "/v1/responses", json=body) as r:
-            await r.aread()
-    assert b"response.completed" in r.content or "response.completed" in r.text
+        async with client.stream("POST", "/v1/responses", json={**HI, "stream": True}) as r:
+            text = (await r.aread()).decode()
+    assert "response.completed" in text
     assert await store.count() == 1

@@ -49,10 +49,8 @@ def resolve_engine(model: str) -> Engine:
         raise unavailable(f"Model {engine.name!r} is still loading; retry shortly")
     if engine.state is EngineState.RESTARTING:
         raise unavailable(f"Model {engine.name!r} is restarting after an engine failure; retry")
-    if engine.state is not EngineState.READY:
+    if engine.state is not EngineState.READY:  # why is in the log and /health
         raise ApiError(
-            503,
-            f"Model {engine.name!r} is not serving ({engine.state.value}: {engine.error})",
-            "server_error",
+            503, f"Model {engine.name!r} is not serving ({engine.state.value})", "server_error"
         )
     return engine

@@ -4,6 +4,7 @@ place in the admission lane, run the turn."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,12 +14,14 @@ from ..chat.prompt import PromptError, RenderedPrompt, render
 from ..chat.turn import OnSegment, TurnResult, run_turn
 from ..engine.constraints import hermes_openings
 from ..engine.engine import Engine
-from ..engine.handle import EngineError
+from ..engine.handle import EngineError, EngineUnavailable
 from ..engine.prefix_cache import Match
 from ..engine.types import SamplingParams, TextConstraint
-from ..http.errors import ApiError, invalid_request, rate_limited, server_error
+from ..http.errors import ApiError, invalid_request, rate_limited, server_error, unavailable
 from ..http.transport import client_domain
 from .deps import access_record, on_request_end, services
+
+log = logging.getLogger("mlxtrio.generation")
 
 
 async def render_prompt(engine: Engine, conversation: Conversation) -> RenderedPrompt:
@@ -195,8 +198,12 @@ async def generate(
             cache.match,
             cache.domain,
         )
+    except EngineUnavailable as exc:
+        raise unavailable(f"Generation could not start: {exc}; retry shortly") from None
     except EngineError as exc:
-        raise server_error(f"generation failed: {exc}") from None
+        # The cause is for the log; the client learns that it was the server's fault.
+        log.error("generation failed on model %s: %s", engine.name, exc)
+        raise server_error("generation failed because of an internal error; retry") from None
     finally:
         ticket.release()
     stats = result.stats

@@ -19,7 +19,14 @@ from ..chat.tool_order import ANTHROPIC, ToolOrderError, validate_tool_order
 from ..chat.turn import OnSegment, TurnResult
 from ..engine.engine import Engine
 from ..http.errors import ApiError, invalid_request, unavailable
-from ..http.sse import ANTHROPIC_PING, CLIENT_GONE, SSE_HEADERS, EventSink, EventStream
+from ..http.sse import (
+    ANTHROPIC_PING,
+    CLIENT_GONE,
+    MESSAGES,
+    SSE_HEADERS,
+    EventSink,
+    EventStream,
+)
 from ..http.transport import read_json_body
 from ..protocol.anthropic import MessageObject
 from ..protocol.anthropic_requests import CountTokensRequest, MessagesRequest
@@ -98,8 +105,8 @@ def _stream(
 
     async def produce(sink: EventSink) -> None:
         assembler = MessageAssembler(message, sink.send)
-        await assembler.start(len(prompt.tokens), cached_tokens=cache.cached_tokens)
         try:
+            await assembler.start(len(prompt.tokens), cached_tokens=cache.cached_tokens)
             result = await run(assembler.on_segment)
             if result.finish_reason == "cancelled":
                 await assembler.fail(SHUTDOWN_MESSAGE, kind="overloaded_error")
@@ -116,6 +123,7 @@ def _stream(
     stream = EventStream(
         request_nursery(),
         produce,
+        MESSAGES,
         keepalive=settings.sse_keepalive,
         drain_timeout=settings.sse_drain_timeout,
         keepalive_frame=ANTHROPIC_PING,

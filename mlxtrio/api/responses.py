@@ -32,12 +32,12 @@ from ..engine.engine import Engine
 from ..engine.types import SamplingParams
 from ..http.delivery import tracked_json
 from ..http.errors import ApiError, invalid_request, not_found, unavailable
-from ..http.sse import CLIENT_GONE, SSE_HEADERS, EventSink, EventStream
+from ..http.sse import CLIENT_GONE, RESPONSES, SSE_HEADERS, EventSink, EventStream
 from ..http.transport import client_domain, read_json_body
 from ..protocol.openai_responses import ResponseObject, TextConfig, new_id
 from ..protocol.responses_items import InputItem
 from ..protocol.responses_requests import FunctionTool, ResponsesRequest, Tool
-from ..store import ResponseStore, StoredResponse, StoreError
+from ..store import ResponseStore, StoredResponse, StoreError, StoreUnavailable
 from .deps import on_request_end, request_nursery, resolve_engine, services
 from .generation import (
     SHUTDOWN_MESSAGE,
@@ -163,14 +163,16 @@ async def _load_chain(response_id: str) -> list[StoredResponse]:
 
 def store_failure(exc: StoreError, doing: str) -> ApiError:
     """A clear 503 for a store that failed a read or a delete: the message says
-    what failed, never how (the details, password-free, go to the log)."""
+    what failed, never how (the details, password-free, go to the log). Only a
+    store that is down or busy is worth a retry."""
     log.error("%s: %s (%s)", doing, exc, exc.detail)
+    retry = isinstance(exc, StoreUnavailable)
     return ApiError(
         503,
-        f"{doing[0].upper()}{doing[1:]}: {exc}; retry later",
+        f"{doing[0].upper()}{doing[1:]}: {exc}" + ("; retry later" if retry else ""),
         "server_error",
         code="store_unavailable",
-        headers={"Retry-After": "5"},
+        headers={"Retry-After": "5"} if retry else None,
     )
 
 
@@ -305,8 +307,8 @@ def stream_response(
 
     async def produce(sink: EventSink) -> None:
         assembler = make_assembler(turn, response, sink.send)
-        await assembler.start()
         try:
+            await assembler.start()
             result = await generate(
                 turn.engine,
                 ticket,
@@ -322,20 +324,19 @@ def stream_response(
             await assembler.complete(result)
             if await persist(turn, response):
                 take_back_unless(lambda: stream.delivered, response.id)
+            await assembler.announce()
         except ApiError as exc:
             await assembler.fail(exc.message)
-            return
         except CLIENT_GONE:
             raise
         except Exception:  # a bug: the stream still ends with its terminal event
             log.exception("response %s failed", response.id)
             await assembler.fail("internal server error")
-            return
-        await assembler.announce()
 
     stream = EventStream(
         request_nursery(),
         produce,
+        RESPONSES,
         keepalive=settings.sse_keepalive,
         drain_timeout=settings.sse_drain_timeout,
     )

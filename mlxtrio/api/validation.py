@@ -102,5 +102,7 @@ def _shown(value: Any) -> str:
         return "an array" if value else "an empty array"
     if isinstance(value, int) and value.bit_length() > 128:
         return "a very large integer"
+    if isinstance(value, str) and len(value) > 40:
+        value = value[:40]  # before quoting: a value may be megabytes long
     text = json.dumps(value)  # ASCII-only: safe for any string, lone surrogates too
     return text if len(text) <= 40 else text[:37] + "..."

@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from .. import jsontext
 from ..protocol.responses_items import (
     ContentPart,
     CustomToolCallItem,
@@ -130,8 +131,8 @@ def _arguments(raw: str | dict[str, Any]) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
     try:
-        value = json.loads(raw) if raw.strip() else {}
-    except json.JSONDecodeError:
+        value = jsontext.loads(raw) if raw.strip() else {}
+    except ValueError:
         return {"input": raw}
     return value if isinstance(value, dict) else {"input": value}
 

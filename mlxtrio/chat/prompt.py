@@ -1,7 +1,7 @@
 """Conversation -> prompt token ids, through the model's own chat template.
 
 Rendering and tokenization are CPU work (Jinja plus a Rust tokenizer), so
-:func:`render` runs them on a worker thread with its own limiter: the Trio loop
+:func:`render` runs them on a worker thread: the Trio loop
 never blocks on a 20k-token agent prompt.
 """
 
@@ -13,10 +13,6 @@ from typing import Any
 import trio
 
 from .conversation import Conversation
-
-# One worker: rendering overlaps generation, and a burst of requests cannot
-# starve the engine thread of CPU (callers queue in the server's render lane).
-_RENDER_LIMITER = trio.CapacityLimiter(1)
 
 
 @dataclass(frozen=True)
@@ -60,8 +56,7 @@ def _ends_in_open_think(tokenizer: Any, tokens: list[int]) -> bool:
 
 
 async def render(tokenizer: Any, conversation: Conversation) -> RenderedPrompt:
-    """Render on a worker thread. Cancellation abandons nothing: the render
-    finishes in the background (it is short) and its result is dropped."""
-    return await trio.to_thread.run_sync(
-        render_sync, tokenizer, conversation, limiter=_RENDER_LIMITER
-    )
+    """Render on a worker thread. How many run at once is the caller's to
+    bound (the server's render lane runs one). Cancellation waits for the
+    render to finish (it is bounded by the prompt-size check before it)."""
+    return await trio.to_thread.run_sync(render_sync, tokenizer, conversation)

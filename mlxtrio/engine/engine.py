@@ -7,7 +7,8 @@ Threading contract
 * The Trio side talks to it through a command queue (``submit``, ``cancel``,
   ``drop``, ``shutdown``); putting a command never blocks.
 * The engine talks back with one ``TrioToken.run_sync_soon`` per engine step,
-  carrying every event that step produced.
+  carrying every event that step produced (and one per prefix-cache snapshot
+  taken or match released).
 * The gap between two ``BatchGenerator.next()`` calls is the *safepoint*:
   pending commands are applied there. Each step's prefill is sized by time
   (``prefill_step_seconds``), so a cancelled sequence is dropped, and running
@@ -36,7 +37,7 @@ from typing import Any
 
 import trio
 
-from .handle import EngineError, GenerationHandle
+from .handle import EngineError, EngineUnavailable, GenerationHandle
 from .loop import Delivery, EngineLoop, LoopSettings
 from .model import LoadedModel, load_model
 from .prefix_cache import Entry, Match, PrefixIndex
@@ -46,6 +47,8 @@ log = logging.getLogger("mlxtrio.engine")
 
 MAX_RESTARTS = 3
 RESTART_WINDOW = 60.0  # seconds
+RESTART_BACKOFF = 0.1  # seconds before the first restart; x4 for each next one
+DRAIN_SETTLE = 1.0  # seconds cancelled sequences get to report, after a drain's grace
 
 
 class EngineState(enum.Enum):
@@ -152,9 +155,12 @@ class Engine:
         self._trio_token = trio.lowlevel.current_trio_token()
         self._start_thread()
 
-    def _start_thread(self) -> None:
+    def _start_thread(self, delay: float = 0.0) -> None:
         self._thread = threading.Thread(
-            target=self._thread_main, name=f"mlxtrio-engine-{self.name}", daemon=True
+            target=self._thread_main,
+            args=(delay,),
+            name=f"mlxtrio-engine-{self.name}",
+            daemon=True,
         )
         self._thread.start()
 
@@ -172,14 +178,16 @@ class Engine:
 
     async def drain(self, grace: float) -> None:
         """Refuse new work, give in-flight sequences ``grace`` seconds to finish,
-        then cancel the rest (their consumers see ``finish_reason="cancelled"``)."""
+        then cancel the rest (their consumers see ``finish_reason="cancelled"``,
+        within one engine step; this waits at most :data:`DRAIN_SETTLE` more
+        seconds for that)."""
         if self.state in (EngineState.READY, EngineState.RESTARTING):
             self.state = EngineState.STOPPING
         with trio.move_on_after(grace):
             await self._idle.wait()
         for handle in list(self._live_handles):
             handle.cancel()
-        with trio.move_on_after(max(grace, 1.0)):
+        with trio.move_on_after(DRAIN_SETTLE):
             await self._idle.wait()
 
     async def stop(self, grace: float) -> None:
@@ -229,10 +237,11 @@ class Engine:
         cached prefix; the sequence's KV is cached under ``domain`` when it ends.
         The returned handle must be used as an async context manager so that it is
         cancelled whatever way the caller leaves. Raises :class:`EngineError` if
-        the engine is not serving.
+        the engine is not serving (:class:`EngineUnavailable` while it loads,
+        restarts or stops).
         """
         if self.state is not EngineState.READY:
-            raise EngineError(f"engine for {self.name!r} is {self.state.value}")
+            raise EngineUnavailable(f"model {self.name!r} is {self.state.value}")
         if not prompt:
             raise EngineError("empty prompt")
         handle = GenerationHandle(
@@ -291,8 +300,11 @@ class Engine:
             return
         self.restarts += 1
         self.state = EngineState.RESTARTING
-        log.warning("model %s: restarting the engine thread after: %s", self.name, error)
-        self._start_thread()
+        delay = RESTART_BACKOFF * 4 ** (len(self._crashes) - 1)
+        log.warning(
+            "model %s: restarting the engine thread in %.1f s after: %s", self.name, delay, error
+        )
+        self._start_thread(delay)
 
     def _end_all_handles(self, error: str | None) -> None:
         """Give every open handle its terminal event: ``error``, or cancelled."""
@@ -316,12 +328,14 @@ class Engine:
     # ------------------------------------------------------------------
     # Engine thread
 
-    def _thread_main(self) -> None:
-        """Load (first time only), then serve until shut down. Whatever happens,
-        the Trio side hears about the end of this thread last, after every event
-        the thread produced."""
+    def _thread_main(self, delay: float) -> None:
+        """Load (first time only), then serve until shut down; a restarted
+        thread first waits ``delay`` seconds (crash-loop backoff). Whatever
+        happens, the Trio side hears about the end of this thread last, after
+        every event the thread produced."""
         error: str | None = None
         try:
+            time.sleep(delay)
             if self.loaded is None:
                 self.loaded = load_model(self.name, self.path, self.compute_dtype_setting)
             loop = EngineLoop(
@@ -361,4 +375,11 @@ class _Outbox:
         self._engine._post(self._engine.prefix_index.release, match)
 
 
-__all__ = ["Engine", "EngineError", "EngineState", "GenerationHandle", "GenerationStats"]
+__all__ = [
+    "Engine",
+    "EngineError",
+    "EngineState",
+    "EngineUnavailable",
+    "GenerationHandle",
+    "GenerationStats",
+]

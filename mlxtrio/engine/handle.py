@@ -23,6 +23,11 @@ class EngineError(RuntimeError):
     """The engine could not run or finish this generation (not a client error)."""
 
 
+class EngineUnavailable(EngineError):
+    """The engine is not taking work right now (loading, restarting, stopping):
+    retrying later may succeed."""
+
+
 class GenerationHandle:
     """One submitted sequence, seen from Trio.
 

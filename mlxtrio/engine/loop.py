@@ -2,19 +2,21 @@
 time, events out.
 
 Everything here runs on the engine thread and owns the MLX state of the running
-sequences. It talks to the Trio side only through the :class:`Outbox` (one
-``run_sync_soon`` per step) and reads commands from a queue at the *safepoint*
-between two steps.
+sequences. It talks to the Trio side only through the :class:`Outbox` (a step's
+events go in one ``run_sync_soon``; a new snapshot or a released prefix match in
+one each) and reads commands from a queue at the *safepoint* between two steps.
 
 Fault isolation, from the narrowest to the widest:
 
 * a sequence that cannot be started (bad parameters, a failing processor set-up)
   ends with an error event at insert; nothing else notices;
 * a logits processor that raises inside a step is caught by its sequence's
-  :class:`SequenceGuard`; that sequence ends with an error after the step, the
-  batch goes on;
-* a step that raises fails the sequences that were in it and rebuilds the
-  ``BatchGenerator`` from the loaded weights; queued sequences carry over;
+  :class:`~.sequence.SequenceGuard`; that sequence ends with an error after the
+  step, the batch goes on; so does one whose token cannot be handled after the
+  step (detokenized, or its KV kept);
+* a step (or a removal) that raises fails the sequences that were in it and
+  rebuilds the ``BatchGenerator`` from the loaded weights; queued sequences
+  carry over;
 * anything else escapes :meth:`EngineLoop.run` and kills the thread, and the
   Trio side restarts it (see :class:`~.engine.Engine`).
 """
@@ -33,6 +35,7 @@ from .handle import GenerationHandle
 from .model import LoadedModel
 from .pacing import PrefillPacer
 from .prefix_cache import Entry, Match
+from .sequence import LiveSequence, SequenceGuard, finish_stats
 from .types import EngineStats, GenerationEvent, GenerationStats
 
 log = logging.getLogger("mlxtrio.engine")
@@ -58,54 +61,6 @@ class LoopSettings:
     cache_enabled: bool
 
 
-class SequenceGuard:
-    """One sequence's logits processors, run so that an exception in them ends
-    that sequence instead of the batch step: the first error is kept, the logits
-    pass through unchanged from then on, and the loop fails the sequence after
-    the step."""
-
-    def __init__(self, processors: list[Callable[[Any, Any], Any]]) -> None:
-        self.processors = processors
-        self.error: BaseException | None = None
-
-    def __call__(self, context: Any, logits: Any) -> Any:
-        if self.error is not None:
-            return logits
-        try:
-            out = logits
-            for processor in self.processors:
-                out = processor(context, out)
-            return out
-        except Exception as exc:  # a processor bug must not take the batch down
-            self.error = exc
-            return logits
-
-
-@dataclass
-class _Sequence:
-    """Engine-thread bookkeeping for one live sequence."""
-
-    handle: GenerationHandle
-    uid: int
-    detokenizer: Any
-    submitted_at: float
-    stats: GenerationStats
-    guard: SequenceGuard | None
-    generated: list[int]  # token ids, as received (the processors' host view)
-    prefill_started_at: float | None = None
-    prefill_done_at: float | None = None
-    first_token_at: float | None = None
-
-    @property
-    def prefilling(self) -> bool:
-        return self.prefill_done_at is None
-
-    @property
-    def context(self) -> int:
-        """Tokens in its KV cache so far (while prefilling)."""
-        return self.stats.cached_tokens + self.stats.prefilled_tokens
-
-
 @dataclass
 class EngineLoop:
     """One incarnation of the engine thread's work. ``snapshots`` (prefix-cache
@@ -118,8 +73,8 @@ class EngineLoop:
     snapshots: dict[int, list[Any]]
     stats: EngineStats
     next_entry_id: Callable[[], int]
-    live: dict[int, _Sequence] = field(default_factory=dict)
-    by_handle: dict[GenerationHandle, _Sequence] = field(default_factory=dict)
+    live: dict[int, LiveSequence] = field(default_factory=dict)
+    by_handle: dict[GenerationHandle, LiveSequence] = field(default_factory=dict)
     _spellings: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -203,8 +158,11 @@ class EngineLoop:
             )
         sampler = sampler_for(params)
         guard = SequenceGuard(processors) if processors else None
+        detokenizer = tokenizer.detokenizer
         cache, reused = self._cache_for(handle)
         stats = GenerationStats(prompt_tokens=len(handle.prompt), cached_tokens=reused)
+        # Nothing after the insert can fail: a sequence the generator holds is
+        # always one the loop knows.
         (uid,) = self.gen.insert(
             [handle.prompt[reused:]],
             max_tokens=[params.max_tokens],
@@ -214,9 +172,7 @@ class EngineLoop:
             logits_processors=[[guard] if guard else []],
             stop_sequences=[stops],
         )
-        seq = _Sequence(
-            handle, uid, tokenizer.detokenizer, time.perf_counter(), stats, guard, generated
-        )
+        seq = LiveSequence(handle, uid, detokenizer, time.perf_counter(), stats, guard, generated)
         self.live[uid] = seq
         self.by_handle[handle] = seq
         self.stats.submitted += 1
@@ -258,17 +214,22 @@ class EngineLoop:
         seq = self.by_handle.pop(handle, None)
         if seq is None:
             return  # finished already, or never inserted
-        kept = self.gen.remove([seq.uid], return_prompt_caches=self.settings.cache_enabled)
-        if seq.uid in kept:  # keep what was prefilled: the next turn may reuse it
-            cache, tokens = kept[seq.uid]
-            self._keep_snapshot(handle.cache_key, cache, tokens)
-        del self.live[seq.uid]
+        try:
+            kept = self.gen.remove([seq.uid], return_prompt_caches=self.settings.cache_enabled)
+            if seq.uid in kept:  # keep what was prefilled: the next turn may reuse it
+                cache, tokens = kept[seq.uid]
+                self._keep_snapshot(handle.cache_key, cache, tokens)
+        except Exception as exc:
+            # The generator's state is suspect: rebuild it without this sequence.
+            self.live.pop(seq.uid, None)
+            self._recover(exc, dropping=seq.uid)
+        self.live.pop(seq.uid, None)
         self.stats.cancelled += 1
         if handle.cancel_requested_at_step is not None:
             latency = self.stats.steps - handle.cancel_requested_at_step
             self.stats.cancel_latency_steps.append(latency)
             del self.stats.cancel_latency_steps[:-_LATENCY_HISTORY]
-        _finish_stats(seq, time.perf_counter())
+        finish_stats(seq, time.perf_counter())
         self.stats.last_cancelled = seq.stats
         self.outbox.deliver([(handle, _final("cancelled", seq.stats))])
 
@@ -315,10 +276,14 @@ class EngineLoop:
         self.gen.prefill_step_size = chunk
         return context + chunk // 2
 
-    def _recover(self, exc: Exception) -> None:
-        """A step raised: fail the sequences that were in it and start a fresh
-        ``BatchGenerator``; sequences still queued in the old one carry over."""
+    def _recover(self, exc: Exception, dropping: int | None = None) -> None:
+        """A step (or a removal) raised: fail the sequences that were in it and
+        start a fresh ``BatchGenerator``; sequences still queued in the old one
+        carry over, but for ``dropping`` (a uid being removed)."""
         old = self.gen
+        old._unprocessed_sequences = type(old._unprocessed_sequences)(
+            item for item in old._unprocessed_sequences if item[0] != dropping
+        )
         waiting = {item[0] for item in old._unprocessed_sequences}
         failed = [seq for uid, seq in self.live.items() if uid not in waiting]
         log.exception(
@@ -347,13 +312,20 @@ class EngineLoop:
         ]
         if not broken:
             return []
-        self.gen.remove([seq.uid for seq, _ in broken])
         deliveries = []
         for seq, error in broken:
             log.error("a logits processor failed; ending its sequence", exc_info=error)
-            self._forget(seq)
             deliveries.append((seq.handle, _error(f"generation failed: {error}")))
+            self._end(seq)
         return deliveries
+
+    def _end(self, seq: LiveSequence) -> None:
+        """Take a failed sequence out of the loop and the generator."""
+        self._forget(seq)
+        try:
+            self.gen.remove([seq.uid])  # a no-op for one that already finished
+        except Exception as exc:
+            self._recover(exc, dropping=seq.uid)
 
     def _new_generator(self) -> Any:
         from mlx_lm.generate import BatchGenerator
@@ -365,14 +337,17 @@ class EngineLoop:
             stop_tokens=[[t] for t in self.loaded.tokenizer.eos_token_ids],
             completion_batch_size=s.capacity,
             prefill_batch_size=s.capacity,
-            prefill_step_size=self.pacer.first_chunk,
+            # The model-call width inside a step: the cap. _pace sets how many
+            # tokens each step takes (mlx-lm copies this value into its prompt
+            # batch once, at construction, so it must not be the paced size).
+            prefill_step_size=s.max_prefill_chunk,
         )
 
-    def _forget(self, seq: _Sequence) -> None:
+    def _forget(self, seq: LiveSequence) -> None:
         self.live.pop(seq.uid, None)
         self.by_handle.pop(seq.handle, None)
 
-    def _end_all(self, event_for: Callable[[_Sequence], GenerationEvent]) -> None:
+    def _end_all(self, event_for: Callable[[LiveSequence], GenerationEvent]) -> None:
         deliveries = [(seq.handle, event_for(seq)) for seq in self.live.values()]
         self.live.clear()
         self.by_handle.clear()
@@ -397,11 +372,17 @@ class EngineLoop:
         deliveries = []
         for r in gen_responses:
             seq = self.live.get(r.uid)
-            if seq is not None:
+            if seq is None:
+                continue
+            try:
                 deliveries.append((seq.handle, self._token_event(seq, r, now)))
+            except Exception as exc:  # detokenizing or caching this one failed
+                log.exception("ending a sequence whose token could not be handled")
+                deliveries.append((seq.handle, _error(f"generation failed: {exc}")))
+                self._end(seq)
         return deliveries
 
-    def _token_event(self, seq: _Sequence, r: Any, now: float) -> GenerationEvent:
+    def _token_event(self, seq: LiveSequence, r: Any, now: float) -> GenerationEvent:
         stats = seq.stats
         stats.generated_tokens += 1
         self.stats.generated_tokens += 1
@@ -420,20 +401,8 @@ class EngineLoop:
         self._forget(seq)
         self._keep_snapshot(seq.handle.cache_key, r.prompt_cache, r.all_tokens)
         self.stats.finished += 1
-        _finish_stats(seq, now)
+        finish_stats(seq, now)
         return GenerationEvent((r.token,), detok.last_segment, r.finish_reason, stats)
-
-
-def _finish_stats(seq: _Sequence, now: float) -> None:
-    stats = seq.stats
-    if seq.prefill_started_at is not None and seq.prefill_done_at is not None:
-        elapsed = seq.prefill_done_at - seq.prefill_started_at
-        if elapsed > 0 and stats.prefilled_tokens:
-            stats.prefill_tokens_per_second = stats.prefilled_tokens / elapsed
-    if seq.first_token_at is not None and stats.generated_tokens > 1:
-        elapsed = now - seq.first_token_at
-        if elapsed > 0:
-            stats.decode_tokens_per_second = (stats.generated_tokens - 1) / elapsed
 
 
 def _final(reason: str, stats: GenerationStats) -> GenerationEvent:

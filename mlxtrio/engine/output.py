@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from mlx_lm.generate import TextStateMachine, make_text_state_machine
 
+from .. import jsontext
+
 log = logging.getLogger("mlxtrio.output")
 
 SegmentKind = Literal["text", "reasoning", "tool_call"]
@@ -143,8 +145,8 @@ def _as_call(entry: Any, raw: str) -> ParsedToolCall | None:
     arguments = entry.get("arguments", {})
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+            arguments = jsontext.loads(arguments)
+        except ValueError:
             return None
     if not isinstance(arguments, dict):
         return None

@@ -52,7 +52,7 @@ class PrefillPacer:
             tokens = int(self.budget / (per_token * max(rows, 1)))
         if tokens > _GRAIN:
             tokens -= tokens % _GRAIN
-        return max(self.min_chunk, min(self.max_chunk, tokens))
+        return max(min(self.min_chunk, self.max_chunk), min(self.max_chunk, tokens))
 
     def observe(self, tokens: int, seconds: float, context: int) -> None:
         """Learn from a step that prefilled ``tokens`` tokens (all rows together)

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from .radix import RadixTree
+from .radix import PrefixMatch, RadixTree
 
 
 @dataclass
@@ -128,11 +128,18 @@ class PrefixIndex:
         if not self.enabled or not entry.tokens:
             self._drop([entry.id])
             return
+        if entry.nbytes > self.budget_bytes:  # it would only evict everything, itself last
+            self.stats.evictions += 1
+            self._drop([entry.id])
+            return
+        tree = self._trees.get(entry.key)
+        found = tree.match(entry.tokens) if tree is not None else None
+        if found is not None and _covered(entry, found):
+            self._drop([entry.id])  # a longer trimmable snapshot already holds it
+            return
         self.stats.inserts += 1
         dropped: list[int] = []
-        tree = self._trees.get(entry.key)
-        if tree is not None:
-            found = tree.match(entry.tokens)
+        if found is not None:
             for length, known in found.on_path:
                 # The same tokens: replaced (a pinned one lives on until released).
                 # A prefix of a trimmable snapshot: redundant.
@@ -179,3 +186,16 @@ class PrefixIndex:
             self._forget(entry)
         if ids:
             self._drop(ids)
+
+
+def _covered(entry: Entry, found: PrefixMatch[Entry]) -> bool:
+    """Whether a longer trimmable snapshot already holds all of ``entry``'s
+    tokens (a cancelled copy of a cached prefix, say): storing it would hold the
+    same KV twice."""
+    longer = found.below
+    return (
+        found.common == len(entry.tokens)
+        and longer is not None
+        and longer.trimmable
+        and len(longer.tokens) > len(entry.tokens)
+    )

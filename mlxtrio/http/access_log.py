@@ -36,7 +36,7 @@ class AccessRecord:
 
     def line(self) -> str:
         status = "-" if self.status is None else str(self.status)  # no response: client left
-        parts = [self.method, self.path, status]
+        parts = [_printable(self.method), _printable(self.path), status]
         values: list[tuple[str, Any]] = [
             ("model", self.model),
             ("stream", "yes" if self.stream else None),
@@ -49,6 +49,14 @@ class AccessRecord:
         ]
         parts.extend(f"{name}={value}" for name, value in values if value is not None)
         return " ".join(parts)
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters escaped: a client's path must not be
+    able to forge log lines (``%0A`` arrives decoded)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def current_record(scope: dict[str, Any]) -> AccessRecord:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pydantic_core
 from quart import request
 from werkzeug.exceptions import HTTPException
 
+from .. import jsontext
 from .errors import ApiError
 
 _JSON_TYPES = ("application/json",)
@@ -55,6 +55,6 @@ async def read_json_body() -> Any:
     if not raw:
         raise ApiError(400, "Request body is empty; send a JSON object", param="body")
     try:
-        return pydantic_core.from_json(raw, allow_inf_nan=False)
+        return jsontext.loads(raw)
     except ValueError as exc:
         raise ApiError(400, f"Invalid JSON in request body: {exc}", param="body") from None

@@ -68,11 +68,13 @@ class OriginPolicy:
             "Vary": "Origin",
         }
 
-    def preflight_headers(self, origin: str) -> dict[str, str]:
+    def preflight_headers(self, origin: str, requested_headers: str | None) -> dict[str, str]:
+        """An allowed origin may send the headers it asks for (the SDKs add new
+        ones over time); without a request list, the ones clients are known to use."""
         return {
             **self.headers(origin),
             "Access-Control-Allow-Methods": _ALLOW_METHODS,
-            "Access-Control-Allow-Headers": _ALLOW_HEADERS,
+            "Access-Control-Allow-Headers": requested_headers or _ALLOW_HEADERS,
             "Access-Control-Max-Age": "600",
         }
 
@@ -117,20 +119,25 @@ class HostPolicy:
 
 
 def _hostname(host_header: str) -> str:
-    """``example.com:8000`` -> ``example.com``; ``[::1]:8000`` -> ``::1``."""
+    """``Example.com.:8000`` -> ``example.com``; ``[::1]:8000`` -> ``::1``.
+    Anything that is not ``host[:port]`` yields "" (never a loopback name)."""
     host = host_header.strip().lower()
     if host.startswith("["):
-        return host[1:].split("]", 1)[0]
-    if host.count(":") == 1:
-        return host.split(":", 1)[0]
-    return host
+        address, _, rest = host[1:].partition("]")
+        return address if rest == "" or (rest[0] == ":" and rest[1:].isdigit()) else ""
+    name, _, port = host.partition(":")
+    if port and not port.isdigit():
+        return ""
+    return name.removesuffix(".")  # "localhost." is the same name
 
 
 def _is_loopback(host: str) -> bool:
     try:
-        return ipaddress.ip_address(host.removeprefix("::ffff:")).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 class ApiKeys:

@@ -18,10 +18,12 @@ the producer, which cancels its generation.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -48,34 +50,75 @@ def frame(event: str, data: dict[str, Any]) -> bytes:
 
 
 class EventSink:
-    """What a producer writes to. ``send`` waits while the client is slow."""
+    """What a producer writes to. ``send`` waits while the client is slow.
 
-    def __init__(self, channel: trio.MemorySendChannel[bytes]) -> None:
+    It counts the events sent and notes whether one of the surface's terminal
+    events (``terminal``) went out, for :class:`EventStream`'s last resort."""
+
+    def __init__(
+        self, channel: trio.MemorySendChannel[bytes], terminal: frozenset[str] = frozenset()
+    ) -> None:
         self._channel = channel
+        self._terminal = terminal
+        self.sent = 0
+        self.ended = False
 
     async def send(self, event: str, data: dict[str, Any]) -> None:
         await self._channel.send(frame(event, data))
-
-    async def send_raw(self, chunk: bytes) -> None:
-        await self._channel.send(chunk)
+        self.sent += 1
+        self.ended = self.ended or event in self._terminal
 
 
 Producer = Callable[[EventSink], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class Surface:
+    """How one API ends a stream: its terminal event names, and the frame that
+    ends a stream whose producer failed without sending one (given the number
+    of events already sent, for APIs that number their events)."""
+
+    terminal: frozenset[str]
+    last_words: Callable[[int], bytes]
+
+
+RESPONSES = Surface(
+    frozenset({"response.completed", "response.incomplete", "response.failed", "error"}),
+    lambda sent: frame(
+        "error",
+        {
+            "type": "error",
+            "sequence_number": sent,
+            "code": "server_error",
+            "message": "internal server error",
+            "param": None,
+        },
+    ),
+)
+MESSAGES = Surface(
+    frozenset({"message_stop", "error"}),
+    lambda sent: frame(
+        "error",
+        {"type": "error", "error": {"type": "api_error", "message": "internal server error"}},
+    ),
+)
+
+
 class EventStream:
     """Run ``producer`` in ``nursery`` and expose its frames as a response body.
 
-    Producers end every stream with the surface's terminal event, failures
-    included. :attr:`delivered` tells, once the request is over, whether every
-    frame - the terminal event included - was handed to the transport, i.e.
-    whether the client stayed to the end.
+    Producers end every stream with ``surface``'s terminal event, failures
+    included; should one raise without having sent it (a bug), the stream ends
+    with the surface's last words instead of none. :attr:`delivered` tells,
+    once the request is over, whether every frame - the terminal event included
+    - was handed to the transport, i.e. whether the client stayed to the end.
     """
 
     def __init__(
         self,
         nursery: trio.Nursery,
         producer: Producer,
+        surface: Surface,
         *,
         keepalive: float,
         drain_timeout: float,
@@ -83,6 +126,7 @@ class EventStream:
         buffer: int = 16,
     ) -> None:
         self.delivered = False
+        self._surface = surface
         self._keepalive = keepalive
         self._keepalive_frame = keepalive_frame
         self._drain_timeout = drain_timeout
@@ -94,14 +138,19 @@ class EventStream:
 
     async def _run_producer(self, producer: Producer, send: trio.MemorySendChannel[bytes]) -> None:
         async with send:
+            sink = EventSink(send, self._surface.terminal)
             try:
-                await producer(EventSink(send))
+                await producer(sink)
             except CLIENT_GONE:
                 pass  # the body is gone: the client left
             except Exception:
                 # Producers catch their own failures and send a terminal event;
-                # this guard only keeps a bug in that from taking the process down.
+                # this guard is for a bug in that: the process goes on, and the
+                # client still learns that the stream is over.
                 log.exception("stream producer failed")
+                if not sink.ended:
+                    with contextlib.suppress(*CLIENT_GONE):
+                        await send.send(self._surface.last_words(sink.sent))
 
     async def _watch_drain(self) -> None:
         """Cancel the request when one write has been stuck for drain_timeout."""

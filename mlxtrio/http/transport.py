@@ -67,7 +67,13 @@ def install(app: Quart, api_key: str, cors_origins: str = "", allowed_hosts: str
         if refusal is not None:
             return error_response(refusal)
         if request.method == "OPTIONS":
-            allowed = origins.preflight_headers(origin) if origin is not None else {}
+            allowed = (
+                origins.preflight_headers(
+                    origin, request.headers.get("Access-Control-Request-Headers")
+                )
+                if origin is not None
+                else {}
+            )
             return Response(b"", status=204, headers=allowed)
         if request.content_length is not None and request.max_content_length is not None:
             if request.content_length > request.max_content_length:

@@ -2,7 +2,8 @@
 ``previous_response_id`` continuations (SQLAlchemy; SQLite by default)."""
 
 from .errors import StoreBusy, StoreError, StoreReadOnly, StoreUnavailable
-from .store import ResponseStore, StoredResponse
+from .records import StoredResponse
+from .store import ResponseStore
 
 __all__ = [
     "ResponseStore",

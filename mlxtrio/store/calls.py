@@ -15,6 +15,9 @@ One lock orders the two sides, so exactly one of them runs the take-back: the
 worker if the call was abandoned before it delivered, the Trio side (see
 :meth:`Call.abandon`) if it was abandoned after the worker delivered but before
 the result reached the caller.
+
+:func:`run_in_thread` is the worker's side of a call: it hands back what the
+work returned or raised as an :class:`Outcome`, unwrapped on the Trio side.
 """
 
 from __future__ import annotations
@@ -22,14 +25,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar, cast
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from .errors import Abandoned, StoreError
+from .errors import Abandoned, Redactor, StoreError, translate
 
 log = logging.getLogger("mlxtrio.store")
 
+T = TypeVar("T")
 Undo = Callable[[], object]
 
 
@@ -139,13 +145,56 @@ class Call:
         raise Abandoned
 
 
-def run_undo(undo: Undo, what: str) -> None:
+def run_undo(undo: Undo, what: str, *, failed_commit: bool = False) -> None:
     """Run a take-back on a worker thread; it is too late to tell anyone but the
-    log if it fails."""
+    log if it fails.
+
+    With ``failed_commit``, the take-back of a write whose COMMIT failed but may
+    have landed (PostgreSQL): logged only if it fails, as the caller's error is
+    already on its way.
+    """
     try:
         undo()
     except Exception as exc:  # undos raise StoreError, whose detail is redacted
         detail = exc.detail if isinstance(exc, StoreError) else type(exc).__name__
-        log.error("could not take back %s after its caller gave up: %s", what, detail)
+        if failed_commit:
+            log.error(
+                "%s failed at COMMIT and may have landed; removing it failed: %s", what, detail
+            )
+        else:
+            log.error("could not take back %s after its caller gave up: %s", what, detail)
     else:
-        log.info("took back %s: its caller gave up before it completed", what)
+        if not failed_commit:
+            log.info("took back %s: its caller gave up before it completed", what)
+
+
+# -- running a call on its worker thread ---------------------------------------------
+
+
+@dataclass
+class Outcome(Generic[T]):
+    """What a worker thread produced: its value, or the exception it raised."""
+
+    value: T | None = None
+    error: Exception | None = None
+
+    def unwrap(self, redact: Redactor) -> T:
+        """The value; the error is raised as a :class:`StoreError` (see ``errors.py``)."""
+        if isinstance(self.error, StoreError):
+            raise self.error
+        if self.error is not None:
+            raise translate(self.error, redact) from self.error
+        return cast(T, self.value)
+
+
+def run_in_thread(call: Call, work: Callable[[Call], T]) -> Outcome[T]:
+    """The worker thread's side of ``call``: run ``work`` unless the caller has
+    already gone, and hand back what it returned or raised. The errors come back
+    inside the :class:`Outcome` so that they are translated on the Trio side."""
+    try:
+        call.start()
+        return Outcome(value=work(call))
+    except Exception as exc:
+        return Outcome(error=exc)
+    finally:
+        call.finish()

@@ -58,14 +58,36 @@ class Abandoned(Exception):
     """Raised on a worker thread whose caller has given up; nobody sees it."""
 
 
+# Query parameters libpq and the drivers read a secret from.
+SECRET_QUERY_KEYS = ("password", "sslpassword")
+
+
+def secrets_of(url: str | URL) -> list[str]:
+    """The secrets a URL carries: its password, in the userinfo or in the query."""
+    parsed = make_url(url)
+    found = [str(parsed.password)] if parsed.password else []
+    for key in SECRET_QUERY_KEYS:
+        value = parsed.query.get(key)
+        found.extend([value] if isinstance(value, str) else list(value or ()))
+    return [secret for secret in found if secret]
+
+
+def redacted(url: str | URL) -> str:
+    """``url`` fit for a log line: every secret it carries masked."""
+    parsed = make_url(url)
+    masked = {k: "***" for k in SECRET_QUERY_KEYS if k in parsed.query}
+    return parsed.update_query_dict(masked).render_as_string(hide_password=True)
+
+
 class Redactor:
-    """Removes a URL's password from text meant for logs."""
+    """Removes a URL's secrets from text meant for logs."""
 
     def __init__(self, url: str | URL) -> None:
-        password = make_url(url).password
-        secret = str(password) if password else ""
-        # The raw password and the forms it takes inside a URL.
-        self._secrets = sorted({secret, quote(secret, safe=""), quote_plus(secret)} - {""}, key=len)
+        # Each secret raw and in the forms it takes inside a URL.
+        self._secrets = sorted(
+            {form for s in secrets_of(url) for form in (s, quote(s, safe=""), quote_plus(s))},
+            key=len,
+        )
 
     def __call__(self, text: str) -> str:
         for secret in reversed(self._secrets):  # longest first

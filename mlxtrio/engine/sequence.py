@@ -1,0 +1,75 @@
+"""One sequence as the engine thread sees it: its bookkeeping, and the guard
+that keeps a failing logits processor from taking its batch down with it.
+
+Engine thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .handle import GenerationHandle
+from .types import GenerationStats
+
+
+class SequenceGuard:
+    """One sequence's logits processors, run so that an exception in them ends
+    that sequence instead of the batch step: the first error is kept, the logits
+    pass through unchanged from then on, and the loop fails the sequence after
+    the step."""
+
+    def __init__(self, processors: list[Callable[[Any, Any], Any]]) -> None:
+        self.processors = processors
+        self.error: BaseException | None = None
+
+    def __call__(self, context: Any, logits: Any) -> Any:
+        if self.error is not None:
+            return logits
+        try:
+            out = logits
+            for processor in self.processors:
+                out = processor(context, out)
+            return out
+        except Exception as exc:  # a processor bug must not take the batch down
+            self.error = exc
+            return logits
+
+
+@dataclass
+class LiveSequence:
+    """Engine-thread bookkeeping for one live sequence."""
+
+    handle: GenerationHandle
+    uid: int
+    detokenizer: Any
+    submitted_at: float
+    stats: GenerationStats
+    guard: SequenceGuard | None
+    generated: list[int]  # token ids, as received (the processors' host view)
+    prefill_started_at: float | None = None
+    prefill_done_at: float | None = None
+    first_token_at: float | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefill_done_at is None
+
+    @property
+    def context(self) -> int:
+        """Tokens in its KV cache so far (while prefilling)."""
+        return self.stats.cached_tokens + self.stats.prefilled_tokens
+
+
+def finish_stats(seq: LiveSequence, now: float) -> None:
+    """Fill in the sequence's prefill and decode speeds as it ends."""
+    stats = seq.stats
+    if seq.prefill_started_at is not None and seq.prefill_done_at is not None:
+        elapsed = seq.prefill_done_at - seq.prefill_started_at
+        if elapsed > 0 and stats.prefilled_tokens:
+            stats.prefill_tokens_per_second = stats.prefilled_tokens / elapsed
+    if seq.first_token_at is not None and stats.generated_tokens > 1:
+        elapsed = now - seq.first_token_at
+        if elapsed > 0:
+            stats.decode_tokens_per_second = (stats.generated_tokens - 1) / elapsed
