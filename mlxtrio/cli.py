@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import trio
 
+from .http.security import is_loopback_name
 from .logs import configure_logging
 from .settings import Settings, SettingsError, parse_aliases
 
@@ -90,6 +91,12 @@ async def serve(
 
     from .app import create_app
 
+    if not settings.api_key and not is_loopback_name(settings.host):
+        log.warning(
+            "listening on %s with no API key: anyone who can reach it can use the server "
+            "(set MLXTRIO_API_KEY)",
+            settings.host,
+        )
     config = Config()
     config.bind = [f"{settings.host}:{settings.port}"]
     config.accesslog = None

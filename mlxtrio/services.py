@@ -20,6 +20,8 @@ from .store import ResponseStore, StoreError
 
 log = logging.getLogger("mlxtrio")
 
+STORE_RETRY = 30.0  # seconds between attempts to open a store that failed to open
+
 
 def _model_specs(settings: Settings) -> list[tuple[str, str]]:
     """(public name, path) for the main model and each extra model."""
@@ -40,7 +42,8 @@ class Services:
     render_lane: AdmissionLane = field(init=False)
     metrics: Metrics = field(init=False)
     sealer: ReasoningSealer = field(init=False)
-    store: ResponseStore | None = None
+    store: ResponseStore | None = None  # open and usable
+    store_configured: bool = False  # a store is configured (it may not be open yet)
     started: bool = False
     _nursery: trio.Nursery | None = None
 
@@ -98,27 +101,50 @@ class Services:
 
     async def open_store(self, nursery: trio.Nursery) -> None:
         """Open the response store and start its expiry sweep. A store that cannot
-        be opened is logged and left off: generation still works, continuations
-        answer that no store is configured."""
+        be opened is logged and tried again every :data:`STORE_RETRY` seconds in
+        the background; meanwhile generation works, and what needs the store
+        answers 503 (``store_configured`` is True, ``store`` None)."""
         url = self.settings.store_url
         if url is None:
             log.info("response store disabled (database_url=none)")
             return
         try:
             store = ResponseStore(url, timeout=self.settings.store_timeout)
-        except Exception as exc:  # an unusable URL: say which part, never the URL
-            log.error("the response store URL is not usable (%s); continuing without it", exc)
+        except Exception as exc:  # an unparsable URL; its text may hold a password
+            log.error(
+                "the response store URL is not usable (%s); continuing without a store",
+                type(exc).__name__,
+            )
             return
+        self.store_configured = True
+        if not await self._try_open(store, "continuing without it; retrying in the background"):
+            nursery.start_soon(self._open_later, store, nursery)
+            return
+        self._use_store(store, nursery)
+
+    async def _try_open(self, store: ResponseStore, then: str) -> bool:
         try:
             await store.open()
         except StoreError as exc:
             log.error(
-                "cannot open the response store at %s: %s (%s); continuing without it",
+                "cannot open the response store at %s: %s (%s); %s",
                 store.redacted_url,
                 exc,
                 exc.detail,
+                then,
             )
-            return
+            return False
+        return True
+
+    async def _open_later(self, store: ResponseStore, nursery: trio.Nursery) -> None:
+        while True:
+            await trio.sleep(STORE_RETRY)
+            if await self._try_open(store, f"retrying in {STORE_RETRY:.0f} s"):
+                log.info("response store ready now: %s", store.redacted_url)
+                self._use_store(store, nursery)
+                return
+
+    def _use_store(self, store: ResponseStore, nursery: trio.Nursery) -> None:
         self.store = store
         nursery.start_soon(self._sweep_forever, store)
 

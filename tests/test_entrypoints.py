@@ -123,14 +123,25 @@ async def _start_long_stream_then(
         return [line async for line in lines]
 
 
-def _hypercorn_env(scripted_model_path: str, data_dir: Path) -> dict[str, str]:
-    return {
+async def _start_plain_hypercorn(
+    nursery: trio.Nursery, scripted_model_path: str, data_dir: Path
+) -> tuple[int, trio.Process]:
+    """`hypercorn -k trio mlxtrio.app:app` on the scripted model: (port, process)."""
+    port = free_port()
+    env = {
         **os.environ,
         "MLXTRIO_MODEL": scripted_model_path,
         "MLXTRIO_MODEL_NAME": "scripted",
         "MLXTRIO_DATA_DIR": str(data_dir),
         "MLXTRIO_LOG_LEVEL": "warning",
     }
+    command = [str(BIN / "hypercorn"), "-k", "trio", "--bind", f"127.0.0.1:{port}"]
+    proc = await nursery.start(
+        lambda task_status: trio.run_process(
+            [*command, "mlxtrio.app:app"], check=False, env=env, task_status=task_status
+        )
+    )
+    return port, proc
 
 
 POSIX_ONLY = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and ps")
@@ -142,22 +153,7 @@ async def test_plain_hypercorn_drains_streams_on_sigterm(
 ) -> None:
     """SIGTERM to hypercorn's supervisor (docker stop, kill, systemd): the stream
     in flight still gets its terminal event within hypercorn's graceful timeout."""
-    port = free_port()
-    proc = await nursery.start(
-        lambda task_status: trio.run_process(
-            [
-                str(BIN / "hypercorn"),
-                "-k",
-                "trio",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "mlxtrio.app:app",
-            ],
-            check=False,
-            env=_hypercorn_env(scripted_model_path, tmp_path),
-            task_status=task_status,
-        )
-    )
+    port, proc = await _start_plain_hypercorn(nursery, scripted_model_path, tmp_path)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         await _wait_healthy(client)
         with trio.fail_after(10):  # hypercorn's graceful timeout is 3 s
@@ -176,22 +172,7 @@ async def test_plain_hypercorn_worker_drains_on_its_own_sigterm(
 ) -> None:
     """SIGTERM to the worker process alone (systemd signals the whole control
     group): it drains, then hands back to hypercorn, which starts a new one."""
-    port = free_port()
-    proc = await nursery.start(
-        lambda task_status: trio.run_process(
-            [
-                str(BIN / "hypercorn"),
-                "-k",
-                "trio",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "mlxtrio.app:app",
-            ],
-            check=False,
-            env=_hypercorn_env(scripted_model_path, tmp_path),
-            task_status=task_status,
-        )
-    )
+    port, proc = await _start_plain_hypercorn(nursery, scripted_model_path, tmp_path)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
             await _wait_healthy(client)

@@ -7,6 +7,7 @@ process, into the real engine on the real model."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 import trio
 from mlx_lm.generate import GenerationBatch
@@ -229,18 +230,9 @@ async def test_submits_racing_shutdown_all_terminate(scripted_model_path: str) -
 # -- a bug in the response path still ends the stream properly ------------------------
 
 
-async def test_a_producer_bug_ends_the_stream_with_its_terminal_event(
-    scripted: Server, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from mlxtrio.api.messages_events import MessageAssembler
-    from mlxtrio.api.responses_events import ResponseAssembler
-
-    async def broken(self, *args):  # type: ignore[no-untyped-def]
-        raise RuntimeError("assembler bug")
-
-    monkeypatch.setattr(ResponseAssembler, "complete", broken)
-    monkeypatch.setattr(MessageAssembler, "finish", broken)
-    async with scripted.client() as client:
+async def stream_both(server: Server) -> tuple[httpx.Response, httpx.Response]:
+    """One streamed turn on each API."""
+    async with server.client() as client:
         responses = await client.post(
             "/v1/responses", json={"model": SCRIPTED, "input": "hi", "stream": True}
         )
@@ -253,6 +245,21 @@ async def test_a_producer_bug_ends_the_stream_with_its_terminal_event(
                 "messages": [{"role": "user", "content": "hi"}],
             },
         )
+    return responses, messages
+
+
+async def test_a_producer_bug_ends_the_stream_with_its_terminal_event(
+    scripted: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlxtrio.api.messages_events import MessageAssembler
+    from mlxtrio.api.responses_events import ResponseAssembler
+
+    async def broken(self, *args):  # type: ignore[no-untyped-def]
+        raise RuntimeError("assembler bug")
+
+    monkeypatch.setattr(ResponseAssembler, "complete", broken)
+    monkeypatch.setattr(MessageAssembler, "finish", broken)
+    responses, messages = await stream_both(scripted)
     events = [e for e, _ in parse_sse(responses.text)]
     assert events[-1] == "response.failed", events
     assert "internal server error" in responses.text and "assembler bug" not in responses.text
@@ -273,19 +280,7 @@ async def test_a_stream_whose_failure_path_fails_too_still_ends(
     for cls, method in ((ResponseAssembler, "complete"), (MessageAssembler, "finish")):
         monkeypatch.setattr(cls, method, broken)
         monkeypatch.setattr(cls, "fail", broken)
-    async with scripted.client() as client:
-        responses = await client.post(
-            "/v1/responses", json={"model": SCRIPTED, "input": "hi", "stream": True}
-        )
-        messages = await client.post(
-            "/v1/messages",
-            json={
-                "model": SCRIPTED,
-                "max_tokens": 8,
-                "stream": True,
-                "messages": [{"role": "user", "content": "hi"}],
-            },
-        )
+    responses, messages = await stream_both(scripted)
     events = parse_sse(responses.text)
     name, last = events[-1]
     assert name == "error" and last["code"] == "server_error", events[-2:]

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import trio
 
-from .conftest import SCRIPTED, RawConnection, Server
+from .conftest import SCRIPTED, RawConnection, Server, wait_until
 from .test_store_faults import (  # noqa: F401 - fixtures
     PASSWORD,
     PG_HOST,
@@ -143,3 +143,31 @@ async def test_a_turn_whose_client_left_before_completed_is_not_kept(
             text = (await r.aread()).decode()
     assert "response.completed" in text
     assert await store.count() == 1
+
+
+@requires_pg
+async def test_a_store_down_at_start_up_is_retried_in_the_background(
+    server_factory,
+    scripted_model_path: str,
+    pg_database: str,  # noqa: F811
+    proxy: FaultyProxy,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mlxtrio import services as services_module
+
+    monkeypatch.setattr(services_module, "STORE_RETRY", 0.2)
+    proxy.stop()  # PostgreSQL is down when the server starts
+    server = await pg_server(server_factory, scripted_model_path, pg_database, proxy.port)
+    async with server.client() as client:
+        served = await client.post("/v1/responses", json=HI)  # generation works meanwhile
+        assert served.status_code == 200
+        down = await client.get("/v1/responses/resp_x")
+        assert_clear_503(down)
+        assert down.headers["retry-after"] == "30"
+        await proxy.start()  # it comes back
+        await wait_until(lambda: server.services.store is not None, timeout=20, what="store")
+        first = (await client.post("/v1/responses", json=HI)).json()
+        continued = await client.post(
+            "/v1/responses", json={**HI, "previous_response_id": first["id"]}
+        )
+    assert continued.status_code == 200, continued.text

@@ -119,8 +119,6 @@ async def prepare(request: ResponsesRequest) -> Turn:
     instructions = request.instructions
     items = request.items
     if request.previous_response_id is not None:
-        if services().store is None:
-            raise invalid_request("previous_response_id requires a response store to be configured")
         chain = await _load_chain(request.previous_response_id)
         prior = reconstruct(chain)
         if request.instructions is None:
@@ -149,9 +147,31 @@ async def prepare(request: ResponsesRequest) -> Turn:
     return Turn(request, engine, conversation, delta, instructions, client_domain())
 
 
+def _open_store(purpose: str, unconfigured: ApiError) -> ResponseStore:
+    """The response store; ``unconfigured`` when the server has none, a 503
+    when it has one that is not open (yet: it is retried in the background)."""
+    svc = services()
+    if svc.store is not None:
+        return svc.store
+    if svc.store_configured:
+        raise ApiError(
+            503,
+            f"{purpose}: the response store is unavailable; retry later",
+            "server_error",
+            code="store_unavailable",
+            headers={"Retry-After": "30"},
+        )
+    raise unconfigured
+
+
 async def _load_chain(response_id: str) -> list[StoredResponse]:
-    store = services().store
-    assert store is not None
+    store = _open_store(
+        f"cannot continue from response {response_id!r}",
+        invalid_request(
+            "previous_response_id requires a response store to be configured",
+            "previous_response_id",
+        ),
+    )
     try:
         chain = await store.chain(response_id)
     except StoreError as exc:
@@ -349,9 +369,10 @@ def stream_response(
 
 
 async def _stored(response_id: str) -> StoredResponse:
-    store = services().store
-    if store is None:
-        raise not_found(f'Response "{response_id}" not found: no response store is configured')
+    store = _open_store(
+        f"cannot read response {response_id!r}",
+        not_found(f'Response "{response_id}" not found: no response store is configured'),
+    )
     try:
         record = await store.get(response_id)
     except StoreError as exc:

@@ -106,7 +106,7 @@ class HostPolicy:
         if host_header is None or not server or not _is_loopback(str(server[0])):
             return None
         name = _hostname(host_header)
-        if _is_loopback(name) or name == "localhost" or name.endswith(".localhost"):
+        if is_loopback_name(name):
             return None
         if any(p == "*" or fnmatch.fnmatchcase(name, p) for p in self.extra):
             return None
@@ -129,6 +129,12 @@ def _hostname(host_header: str) -> str:
     if port and not port.isdigit():
         return ""
     return name.removesuffix(".")  # "localhost." is the same name
+
+
+def is_loopback_name(host: str) -> bool:
+    """``localhost`` (and ``*.localhost``) or a loopback address."""
+    name = host.lower().removesuffix(".")
+    return name == "localhost" or name.endswith(".localhost") or _is_loopback(name)
 
 
 def _is_loopback(host: str) -> bool:
