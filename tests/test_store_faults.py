@@ -59,6 +59,9 @@ def _postgres_reachable() -> bool:
 
 
 PG = _postgres_reachable()
+if not PG and os.environ.get("MLXTRIO_REQUIRE_POSTGRES"):
+    # CI has a PostgreSQL: its absence there is a failure, not a reason to skip.
+    raise RuntimeError("MLXTRIO_REQUIRE_POSTGRES is set but 127.0.0.1:5432 does not answer")
 requires_pg = pytest.mark.skipif(not PG, reason="PostgreSQL not reachable on 127.0.0.1:5432")
 
 
