@@ -27,3 +27,6 @@ def configure_logging(level: str) -> None:
     root_level = logging.getLogger().level
     for name, floor in QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(max(floor, root_level))
+    # hypercorn writes its own lines through its own handler (``--error-logfile``);
+    # passing them on to ours as well printed each twice.
+    logging.getLogger("hypercorn.error").propagate = False

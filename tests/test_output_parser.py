@@ -113,3 +113,15 @@ def test_every_call_a_family_parser_returns_is_kept(tokenizer) -> None:
     listed = json.dumps([{"name": "a", "arguments": {}}, {"name": "b", "arguments": "{}"}])
     assert [c.name for c in parse_tool_calls(Mistral(), listed, None)] == ["a", "b"]
     assert parse_tool_calls(Mistral(), "not a call", None) == []
+
+
+def test_closing_markers_of_blocks_never_opened_are_not_shown(tokenizer) -> None:
+    """A small model on an agent's prompt may write ``</think>`` or
+    ``</tool_call>`` without the opening marker: markup is never answer text."""
+    parser = OutputParser(tokenizer, starts_in_reasoning=False)
+    out = run(parser, ["Of people so", " learning.\n</th", "ink>", " Done.</tool_", "call>"])
+    assert merged(out) == [("text", "Of people so learning.\n Done.")]
+    # Inside reasoning, </think> still closes the block.
+    parser = OutputParser(tokenizer, starts_in_reasoning=True)
+    out = run(parser, ["hm", "</think>", "\n\nAnswer."])
+    assert merged(out) == [("reasoning", "hm"), ("text", "Answer.")]

@@ -40,6 +40,29 @@ class Segment:
     tool_call: ParsedToolCall | None = None
 
 
+class _StrayClosersHidden:
+    """The tokenizer as the text state machine sees it, with the family's
+    *closing* markers (``</think>``, ``</tool_call>``) added to its structural
+    markers: a model that closes a block it never opened (seen from small models
+    on agents' prompts) must not show the markup as answer text. mlx-lm drops a
+    structural marker from the text of the state it appears in."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
+
+    @property
+    def structural_markers(self) -> list[str]:
+        markers = list(getattr(self._tokenizer, "structural_markers", None) or [])
+        if getattr(self._tokenizer, "has_thinking", False):
+            markers.append(self._tokenizer.think_end)
+        if getattr(self._tokenizer, "has_tool_calling", False) and self._tokenizer.tool_call_end:
+            markers.append(self._tokenizer.tool_call_end)
+        return list(dict.fromkeys(m for m in markers if m))
+
+
 class OutputParser:
     """Feed detokenized deltas in; get typed segments out."""
 
@@ -51,7 +74,7 @@ class OutputParser:
     ) -> None:
         self._tokenizer = tokenizer
         self._tools = tools
-        self._machine = make_text_state_machine(tokenizer)
+        self._machine = make_text_state_machine(_StrayClosersHidden(tokenizer))
         initial = "reasoning" if starts_in_reasoning and tokenizer.has_thinking else "normal"
         self._state = self._machine.make_state(initial=initial)
         self._tool_buffer: list[str] = []
