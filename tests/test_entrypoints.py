@@ -82,14 +82,7 @@ async def test_mlxtrio_serve_cli_serves_and_shuts_down_gracefully(
         )
         assert r.status_code == 200
         # A long stream in flight at shutdown still gets its terminal event.
-        body = {"model": "scripted", "input": "LOOP", "stream": True, "max_output_tokens": 30000}
-        async with client.stream("POST", "/v1/responses", json=body) as stream:
-            lines = stream.aiter_lines()
-            async for line in lines:
-                if "output_text.delta" in line:
-                    break
-            proc.send_signal(signal.SIGTERM)
-            rest = [line async for line in lines]
+        rest = await _start_long_stream_then(client, lambda: proc.send_signal(signal.SIGTERM))
     assert any("response.failed" in line for line in rest), rest[-3:]
     assert "server_shutting_down" in rest[-1] or any("server_shutting_down" in x for x in rest)
     with trio.fail_after(15):
