@@ -12,11 +12,10 @@ import sys
 from typing import Any
 
 import sniffio
-import trio
 from quart_trio import QuartTrio
 
-from .api import health, messages, models, responses
-from .api.deps import CLEANUP_KEY, NURSERY_KEY
+from .api import health, messages, models, responses, responses_compact, responses_socket
+from .api.deps import open_call_scope
 from .http import access_log, transport
 from .lifecycle import drain_with_hypercorn, exit_hypercorn
 from .logs import configure_logging
@@ -36,8 +35,9 @@ TRIO_WORKER_HINT = (
 class MlxtrioApp(QuartTrio):
     """QuartTrio with a per-request scope and a guard against the asyncio worker.
 
-    Every HTTP request runs inside its own nursery (the *request scope*). Streaming
-    producers live there; it is cancelled once the response is finished or the
+    Every HTTP request and WebSocket connection runs as one call
+    (:func:`~mlxtrio.api.deps.open_call_scope`): its streaming producers live in
+    the call's nursery, which is cancelled once the response is finished or the
     client went away, and the callbacks registered with ``on_request_end`` run
     then, whether or not a streaming body was ever started.
     """
@@ -46,12 +46,10 @@ class MlxtrioApp(QuartTrio):
         if _async_library() != "trio":
             await _refuse_non_trio(scope, receive, send)
             return
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await super().__call__(scope, receive, send)
             return
-        cleanups: list[Any] = []
-        record = access_log.AccessRecord(scope.get("method", "?"), scope.get("path", "?"))
-        scope = {**scope, CLEANUP_KEY: cleanups, access_log.RECORD_KEY: record}
+        record = access_log.AccessRecord(scope.get("method", "WS"), scope.get("path", "?"))
 
         async def send_noting_status(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
@@ -60,20 +58,12 @@ class MlxtrioApp(QuartTrio):
                     name.lower() == b"content-type" and value.startswith(b"text/event-stream")
                     for name, value in message.get("headers", ())
                 )
+            elif message["type"] == "websocket.accept":
+                record.status = 101
             await send(message)
 
-        try:
-            async with trio.open_nursery() as nursery:
-                scope[NURSERY_KEY] = nursery
-                await super().__call__(scope, receive, send_noting_status)  # type: ignore[arg-type]
-                nursery.cancel_scope.cancel()
-        finally:
-            for cleanup in cleanups:  # each runs, whatever the others do
-                try:
-                    cleanup()
-                except Exception:
-                    log.exception("request cleanup failed")
-            access_log.write(record)
+        async with open_call_scope(record):
+            await super().__call__(scope, receive, send_noting_status)  # type: ignore[arg-type]
 
 
 def _async_library() -> str:
@@ -121,7 +111,14 @@ def create_app(settings: Settings | None = None) -> MlxtrioApp:
     services = Services(settings)
     app.extensions["mlxtrio"] = services
     transport.install(app, settings.api_key, settings.cors_origins, settings.allowed_hosts)
-    for blueprint in (health.blueprint, models.blueprint, responses.blueprint, messages.blueprint):
+    for blueprint in (
+        health.blueprint,
+        models.blueprint,
+        responses_compact.blueprint,  # before /v1/responses/<response_id>
+        responses_socket.blueprint,
+        responses.blueprint,
+        messages.blueprint,
+    ):
         app.register_blueprint(blueprint)
     _count_requests(app, services)
 

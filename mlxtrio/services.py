@@ -10,6 +10,7 @@ from typing import Any
 import trio
 
 from .admission import AdmissionLane
+from .background import JobRegistry
 from .chat.sealing import ReasoningSealer
 from .engine.engine import Engine
 from .engine.handle import EngineError
@@ -42,6 +43,7 @@ class Services:
     render_lane: AdmissionLane = field(init=False)
     metrics: Metrics = field(init=False)
     sealer: ReasoningSealer = field(init=False)
+    jobs: JobRegistry = field(default_factory=JobRegistry)  # background responses
     store: ResponseStore | None = None  # open and usable
     store_configured: bool = False  # a store is configured (it may not be open yet)
     started: bool = False
@@ -98,6 +100,13 @@ class Services:
         (work that must outlive the request that asked for it)."""
         assert self._nursery is not None, "spawn() before start()"
         self._nursery.start_soon(fn, *args)
+
+    async def start_job(self, fn: Callable[..., Awaitable[object]], *args: Any) -> Any:
+        """Like :meth:`spawn`, but wait until ``fn`` reports it started (Trio's
+        ``task_status`` protocol): an exception it raises before that reaches
+        the caller, not the server."""
+        assert self._nursery is not None, "start_job() before start()"
+        return await self._nursery.start(fn, *args)
 
     async def open_store(self, nursery: trio.Nursery) -> None:
         """Open the response store and start its expiry sweep. A store that cannot

@@ -279,7 +279,7 @@ async def test_a_stream_whose_failure_path_fails_too_still_ends(
 
     for cls, method in ((ResponseAssembler, "complete"), (MessageAssembler, "finish")):
         monkeypatch.setattr(cls, method, broken)
-        monkeypatch.setattr(cls, "fail", broken)
+        monkeypatch.setattr(cls, "mark_failed" if cls is ResponseAssembler else "fail", broken)
     responses, messages = await stream_both(scripted)
     events = parse_sse(responses.text)
     name, last = events[-1]

@@ -162,8 +162,9 @@ async def test_bodies_that_break_parsers_are_400s(scripted: Server, name: str, p
 async def test_odd_paths_are_json_errors_not_redirects(scripted: Server) -> None:
     async with scripted.client() as client:
         double = await client.post("/v1//responses", json=HI)
+        # Only /v1/responses speaks WebSocket (tests/test_responses_socket.py).
         websocket = await client.get(
-            "/v1/responses",
+            "/v1/messages",
             headers={
                 "Connection": "Upgrade",
                 "Upgrade": "websocket",

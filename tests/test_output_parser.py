@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 from pathlib import Path
 
 import pytest
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from mlxtrio.engine.output import OutputParser, Segment
 from mlxtrio.settings import EMBEDDED_MODEL_PATH
+
+from .scripted_families import CALLS, FAMILIES, TEXT
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +130,60 @@ def test_closing_markers_of_blocks_never_opened_are_not_shown(tokenizer) -> None
     parser = OutputParser(tokenizer, starts_in_reasoning=True)
     out = run(parser, ["hm", "</think>", "\n\nAnswer."])
     assert merged(out) == [("reasoning", "hm"), ("text", "Answer.")]
+
+
+def family_tokenizer(family: str, response_format: dict | None = None) -> TokenizerWrapper:
+    """The embedded tokenizer, speaking ``family``'s tool-call markup (markers
+    are matched on text, so they need not be tokens here)."""
+    module = importlib.import_module(f"mlx_lm.tool_parsers.{family}")
+    return TokenizerWrapper(
+        load_tokenizer(Path(EMBEDDED_MODEL_PATH))._tokenizer,
+        tool_parser=module.parse_tool_call,
+        tool_call_start=module.tool_call_start,
+        tool_call_end=module.tool_call_end,
+        response_format=response_format,
+    )
+
+
+def test_every_mlx_lm_family_has_a_scripted_model() -> None:
+    """A family mlx-lm adds must get a scripted model (tests/scripted_families.py)."""
+    import mlx_lm.tool_parsers
+
+    shipped = {m.name for m in pkgutil.iter_modules(mlx_lm.tool_parsers.__path__)}
+    assert shipped == set(FAMILIES)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_each_family_streamed_a_character_at_a_time(family: str) -> None:
+    """Two calls in one turn in each family's markup, fed one character at a
+    time (every marker split across deltas): the text before them and both
+    calls come out, and no markup does."""
+    markup = TEXT + "".join(FAMILIES[family].calls)
+    segments = run(OutputParser(family_tokenizer(family)), list(markup))
+    assert merged(segments) == [
+        ("text", TEXT),
+        *(("tool_call", json.dumps([name, args])) for name, args in CALLS),
+    ]
+
+
+def test_response_format_headers_are_not_text() -> None:
+    """Muse Spark's response format starts in a message header and names each
+    message's channel there: headers are dropped, as mlx-lm's server drops them."""
+    from mlx_lm.chat_templates.muse_spark import RESPONSE_FORMAT
+
+    call = FAMILIES["muse_spark"].calls
+    deltas = [
+        "to=self<|mess",
+        "age|>Thinking.<|eom|>",
+        "<|start|>assistant to=get_weather<|message|>",
+        *call,
+        "<|eom|><|start|>assistant to=user<|message|>",
+        "Done.",
+        "<|eot|>",
+    ]
+    segments = run(OutputParser(family_tokenizer("muse_spark", RESPONSE_FORMAT)), deltas)
+    assert merged(segments) == [
+        ("reasoning", "Thinking."),
+        *(("tool_call", json.dumps([name, args])) for name, args in CALLS),
+        ("text", "Done."),
+    ]

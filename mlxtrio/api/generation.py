@@ -12,7 +12,7 @@ from ..admission import AdmissionLane, QueueFull, Ticket
 from ..chat.conversation import Conversation
 from ..chat.prompt import PromptError, RenderedPrompt, render
 from ..chat.turn import OnSegment, TurnResult, run_turn
-from ..engine.constraints import hermes_openings
+from ..engine.constraints import CallShape, call_shape, forbid
 from ..engine.engine import Engine
 from ..engine.handle import EngineError, EngineUnavailable
 from ..engine.prefix_cache import Match
@@ -89,42 +89,55 @@ def output_budget(requested: int | None, engine: Engine, prompt: RenderedPrompt)
 def tool_call_constraints(
     engine: Engine, conversation: Conversation, prompt: RenderedPrompt
 ) -> tuple[TextConstraint, ...]:
-    """What a tool call's opening must look like, for models whose calls are
-    Hermes JSON (``<tool_call>{"name": …, "arguments": …}``).
+    """What the model's tool calls must look like, in its family's markup
+    (:data:`~mlxtrio.engine.constraints.CALL_SHAPES`).
 
-    Whatever ``tool_choice`` says, every call the model opens goes on with
-    ``{"name": "<tool>", "arguments":`` for an offered tool: the model picks
-    among the offered names by its own logits, and can no longer name a tool
-    the client does not have (small models do). When ``tool_choice`` requires
-    a call, the output must also open one (after its reasoning, when the prompt
-    starts inside it) naming the required tool, or any offered one. Nothing is
-    constrained for models without tool calling or without offered tools.
+    With no tool offered (none given, or ``tool_choice`` none) the tool-call
+    marker is masked where it is a token of its own: a call could only be
+    dropped, leaving an empty answer. With tools, whatever ``tool_choice``
+    says, every call the model opens goes on with its family's opening for an
+    offered tool (Hermes: ``{"name": "<tool>", "arguments":``): the model
+    picks among the offered names by its own logits, and can no longer name a
+    tool the client does not have (small models do). When ``tool_choice``
+    requires a call, the output must also open one (after its reasoning, when
+    the prompt starts inside it) naming the required tool, or any offered one;
+    for a family without a known shape, just its start marker. Nothing is
+    constrained for models without tool calling.
     """
     tokenizer = engine.tokenizer
-    if not conversation.tools or not getattr(tokenizer, "has_tool_calling", False):
+    if not getattr(tokenizer, "has_tool_calling", False):
         return ()
+    if not conversation.tools:
+        mask = engine.tool_call_mask_token
+        return (forbid(mask),) if mask is not None else ()
     offered = list(dict.fromkeys(tool.name for tool in conversation.tools))
-    hermes = getattr(tokenizer.tool_parser, "__module__", "").endswith(".json_tools")
+    shape = call_shape(tokenizer.tool_parser)
     constraints = []
-    if hermes and engine.tool_call_token is not None:
+    if shape is not None and engine.tool_call_token is not None:
         constraints.append(
-            TextConstraint(hermes_openings(offered), after=engine.tool_call_token, repeat=True)
+            TextConstraint(shape.openings(offered), after=engine.tool_call_token, repeat=True)
         )
     requirement = conversation.required_tool
     if requirement is None or (requirement.name is not None and requirement.name not in offered):
         return tuple(constraints)
-    if hermes:
-        allowed = [requirement.name] if requirement.name is not None else offered
-        openings = [tokenizer.tool_call_start + text for text in hermes_openings(allowed, ("",))]
-    else:
-        openings = [tokenizer.tool_call_start]
+    allowed = [requirement.name] if requirement.name is not None else offered
+    return (*constraints, _required_call(tokenizer, shape, allowed, prompt))
+
+
+def _required_call(
+    tokenizer: Any, shape: CallShape | None, allowed: list[str], prompt: RenderedPrompt
+) -> TextConstraint:
+    """The output opens a call of one of ``allowed`` (just the start marker for
+    a family of unknown shape): from the first token, or after the reasoning
+    when the prompt opened it."""
+    bodies = shape.openings(allowed, canonical=True) if shape is not None else ("",)
+    openings = [tokenizer.tool_call_start + body for body in bodies]
     after = None
     if prompt.starts_in_reasoning and len(tokenizer.think_end_tokens or ()) == 1:
         after = tokenizer.think_end_tokens[0]
         # what templates put between </think> and the answer
         openings = ["\n\n" + text for text in openings]
-    constraints.append(TextConstraint(tuple(openings), after))
-    return tuple(constraints)
+    return TextConstraint(tuple(openings), after)
 
 
 def reserve_place(lane: AdmissionLane) -> Ticket:

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from quart import Blueprint, Response, jsonify
 
@@ -28,13 +28,19 @@ from ..chat.conversation import Conversation, Message
 from ..chat.from_responses import map_items, offered_tools, required_tool
 from ..chat.prompt import RenderedPrompt
 from ..chat.tool_order import OPENAI, ToolOrderError, validate_tool_order
+from ..chat.turn import OnSegment, TurnResult
 from ..engine.engine import Engine
 from ..engine.types import SamplingParams
 from ..http.delivery import tracked_json
 from ..http.errors import ApiError, invalid_request, not_found, unavailable
 from ..http.sse import CLIENT_GONE, RESPONSES, SSE_HEADERS, EventSink, EventStream
 from ..http.transport import client_domain, read_json_body
-from ..protocol.openai_responses import ResponseObject, TextConfig, new_id
+from ..protocol.openai_responses import (
+    ResponseObject,
+    TextConfig,
+    input_item_resources,
+    new_id,
+)
 from ..protocol.responses_items import InputItem
 from ..protocol.responses_requests import FunctionTool, ResponsesRequest, Tool
 from ..store import ResponseStore, StoredResponse, StoreError, StoreUnavailable
@@ -69,43 +75,134 @@ class Turn:
     owner: str  # the client's domain: who may read and continue it
 
 
-@blueprint.route("/v1/responses", methods=["POST"])
-async def create_response() -> Response:
-    turn = await prepare(parse(ResponsesRequest, await read_json_body()))
+@dataclass
+class Run:
+    """A validated, rendered and admitted turn, ready to generate: everything
+    that can fail because of the request has been checked."""
+
+    turn: Turn
+    prompt: RenderedPrompt
+    sampling: SamplingParams
+    cache: CacheLookup
+    ticket: Ticket
+    response: ResponseObject
+
+
+async def begin(
+    request: ResponsesRequest, recall: Recall | None = None, *, warm_up: bool = False
+) -> Run:
+    """Resolve, render, look up the cache and take a place in the admission
+    lane, within the current call (its end releases the place and the pinned
+    prefix). Raises :class:`ApiError` for anything that is the request's fault."""
+    turn = await prepare(request, recall, allow_empty=warm_up)
     prompt = await render_prompt(turn.engine, turn.conversation)
-    request = turn.request
     sampling = request.sampling_params(
         max_tokens=output_budget(request.max_output_tokens, turn.engine, prompt),
         constraints=tool_call_constraints(turn.engine, turn.conversation, prompt),
     )
     continuation = request.previous_response_id is not None
-    cache = lookup(turn.engine, prompt, _cache_domain(request), continuation)
+    cache = lookup(turn.engine, prompt, cache_domain(request), continuation)
     ticket = reserve(turn.engine)
-    response = initial_response(turn, sampling)
+    return Run(turn, prompt, sampling, cache, ticket, initial_response(turn, sampling))
+
+
+@blueprint.route("/v1/responses", methods=["POST"])
+async def create_response() -> Response:
+    request = parse(ResponsesRequest, await read_json_body())
+    if request.background:
+        from .responses_background import start_background
+
+        return await start_background(request)
+    run = await begin(request)
     if request.stream:
-        return stream_response(turn, ticket, prompt, sampling, response, cache)
-    assembler = make_assembler(turn, response)
-    result = await generate(
-        turn.engine, ticket, prompt, sampling, turn.conversation, assembler.on_segment, cache
-    )
+        return stream_response(run)
+    response = run.response
+    assembler = make_assembler(run.turn, response)
+    result = await run_generation(run, assembler.on_segment)
     if result.finish_reason == "cancelled":
         raise unavailable(SHUTDOWN_MESSAGE)
     await assembler.complete(result)
-    stored = await persist(turn, response)
+    stored = await persist(run.turn, response)
     out, delivery = tracked_json(response.wire())
     if stored:
         take_back_unless(lambda: delivery.delivered, response.id)
-    out.headers.update(cache.headers())
+    out.headers.update(run.cache.headers())
     return out
 
 
-def _cache_domain(request: ResponsesRequest) -> str:
+async def run_generation(run: Run, on_segment: OnSegment) -> TurnResult:
+    turn = run.turn
+    return await generate(
+        turn.engine, run.ticket, run.prompt, run.sampling, turn.conversation, on_segment, run.cache
+    )
+
+
+async def produce_events(
+    run: Run,
+    assembler: ResponseAssembler,
+    delivered: Callable[[], bool],
+    *,
+    keep_unfinished: bool = False,
+) -> None:
+    """Generate ``run`` as a stream of Responses events sent through the
+    ``assembler``'s emit, whatever the transport (SSE, a WebSocket, a
+    background job's event log).
+
+    The stream always ends with its terminal event, failures included; a
+    completed turn is stored before that event goes out, and taken back when
+    the call ends unless ``delivered()`` says the client saw the end. With
+    ``keep_unfinished`` (background responses, which clients poll) a failed
+    turn is stored too. Exceptions from ``emit`` (the client left) propagate.
+    """
+    response = run.response
+    try:
+        await assembler.start()
+        result = await run_generation(run, assembler.on_segment)
+        if result.finish_reason == "cancelled":  # only the server cancels a live stream
+            await _fail(run, assembler, SHUTDOWN_MESSAGE, "server_shutting_down", keep_unfinished)
+            return
+        await assembler.complete(result)
+        if await persist(run.turn, response) and not keep_unfinished:
+            take_back_unless(delivered, response.id)
+        await assembler.announce()
+    except ApiError as exc:
+        await _fail(run, assembler, exc.message, "server_error", keep_unfinished)
+    except CLIENT_GONE:
+        raise
+    except Exception:  # a bug: the stream still ends with its terminal event
+        log.exception("response %s failed", response.id)
+        await _fail(run, assembler, "internal server error", "server_error", keep_unfinished)
+
+
+async def _fail(
+    run: Run, assembler: ResponseAssembler, message: str, code: str, keep: bool
+) -> None:
+    """End the stream with ``response.failed`` (stored first when ``keep``)."""
+    await assembler.mark_failed(message, code)
+    if keep:
+        await persist(run.turn, run.response)
+    await assembler.announce()
+
+
+def cache_domain(request: ResponsesRequest) -> str:
     """``cache_salt`` isolates cached prefixes: requests share KV only within a salt."""
     return "" if request.cache_salt is None else "salt:" + request.cache_salt
 
 
-async def prepare(request: ResponsesRequest) -> Turn:
-    """Resolve the model and the chain, map and validate the input (spec §3.4)."""
+class Recall(Protocol):
+    """Where a transport keeps responses it can continue without the store
+    (a WebSocket connection's last response): the chain ending at an id, or None."""
+
+    def __call__(self, response_id: str) -> list[StoredResponse] | None: ...
+
+
+async def prepare(
+    request: ResponsesRequest, recall: Recall | None = None, *, allow_empty: bool = False
+) -> Turn:
+    """Resolve the model and the chain, map and validate the input (spec §3.4).
+    ``recall`` is asked for the previous response before the store is. An
+    empty conversation is refused unless ``allow_empty`` (a warm-up: its tools
+    and instructions are worth prefilling on their own)."""
     text_format = request.text.format if request.text is not None else None
     if text_format is not None and text_format.type != "text":
         raise invalid_request(
@@ -118,12 +215,15 @@ async def prepare(request: ResponsesRequest) -> Turn:
     prior: list[Message] = []
     instructions = request.instructions
     items = request.items
+    # A continuation must answer its parent's calls; a parent without output
+    # (a warm-up) has none, and what follows it is checked as a history is.
+    continuation = False
     if request.previous_response_id is not None:
-        chain = await _load_chain(request.previous_response_id)
+        chain = await _chain_ending_at(request.previous_response_id, recall)
         prior = reconstruct(chain)
+        continuation = bool(chain[-1].response.get("output"))
         if request.instructions is None:
             instructions = chain[-1].instructions
-    continuation = request.previous_response_id is not None
     with conversation_errors():
         if continuation:
             items = drop_echoed_calls(items, prior)
@@ -138,9 +238,14 @@ async def prepare(request: ResponsesRequest) -> Turn:
         raise invalid_request(str(exc), "input") from None
     delta = messages[len(head) + len(prior) :]  # after canonical reordering
     if not messages:
-        raise invalid_request(
-            "input is empty and there are no instructions: nothing to respond to", "input"
-        )
+        if not allow_empty:
+            raise invalid_request(
+                "input is empty and there are no instructions: nothing to respond to", "input"
+            )
+        # Templates render no empty conversation: the warm-up renders its tools
+        # ahead of an empty user turn, and only what precedes that turn is
+        # shared with what follows. It is not part of the turn (``delta``).
+        messages = [Message("user", "")]
     conversation = Conversation(
         messages, offered_tools(request), request.thinking, required_tool(request)
     )
@@ -164,6 +269,26 @@ def _open_store(purpose: str, unconfigured: ApiError) -> ResponseStore:
     raise unconfigured
 
 
+async def _chain_ending_at(response_id: str, recall: Recall | None) -> list[StoredResponse]:
+    if recall is not None:
+        chain = recall(response_id)
+        if chain is not None:
+            return chain
+        if not services().store_configured:
+            raise previous_not_found(response_id)
+    return await _load_chain(response_id)
+
+
+def previous_not_found(response_id: str) -> ApiError:
+    return ApiError(
+        404,
+        f'Previous response "{response_id}" not found or expired',
+        "not_found_error",
+        param="previous_response_id",
+        code="previous_response_not_found",
+    )
+
+
 async def _load_chain(response_id: str) -> list[StoredResponse]:
     store = _open_store(
         f"cannot continue from response {response_id!r}",
@@ -177,7 +302,7 @@ async def _load_chain(response_id: str) -> list[StoredResponse]:
     except StoreError as exc:
         raise store_failure(exc, f"cannot read previous response {response_id!r}") from None
     if not chain or chain[-1].owner != client_domain():  # another key's: as if absent
-        raise not_found(f'Previous response "{response_id}" not found or expired')
+        raise previous_not_found(response_id)
     return chain
 
 
@@ -224,6 +349,7 @@ def initial_response(turn: Turn, sampling: SamplingParams) -> ResponseObject:
             verbosity=text.verbosity if text and text.verbosity else "medium",
         ),
         store=request.store is not False and services().store is not None,
+        background=request.background is True,
         metadata=request.metadata.wire() if request.metadata is not None else {},
         prompt_cache_key=request.prompt_cache_key,
         safety_identifier=request.safety_identifier,
@@ -249,21 +375,7 @@ async def persist(turn: Turn, response: ResponseObject) -> bool:
     svc = services()
     if svc.store is None or turn.request.store is False:
         return False
-    now = int(time.time())
-    retention = turn.request.retention_seconds or svc.settings.response_retention
-    record = StoredResponse(
-        id=response.id,
-        previous_response_id=turn.request.previous_response_id,
-        created_at=response.created_at,
-        expires_at=now + retention,
-        model=turn.request.model,
-        status=response.status,
-        instructions=turn.instructions,
-        input_messages=[m.to_json() for m in turn.delta],
-        input_items=input_items(turn.request.items),
-        response=response.wire(),
-        owner=turn.owner,
-    )
+    record = record_of(turn, response)
     try:
         await svc.store.put(record, lock_wait=svc.settings.store_write_timeout)
     except StoreError as exc:
@@ -275,6 +387,25 @@ async def persist(turn: Turn, response: ResponseObject) -> bool:
         )
         return False
     return True
+
+
+def record_of(turn: Turn, response: ResponseObject) -> StoredResponse:
+    """The turn as the store keeps it (and as a WebSocket remembers it)."""
+    svc = services()
+    retention = turn.request.retention_seconds or svc.settings.response_retention
+    return StoredResponse(
+        id=response.id,
+        previous_response_id=turn.request.previous_response_id,
+        created_at=response.created_at,
+        expires_at=int(time.time()) + retention,
+        model=turn.request.model,
+        status=response.status,
+        instructions=turn.instructions,
+        input_messages=[m.to_json() for m in turn.delta],
+        input_items=input_items(turn.request.items),
+        response=response.wire(),
+        owner=turn.owner,
+    )
 
 
 def take_back_unless(delivered: Callable[[], bool], response_id: str) -> None:
@@ -315,43 +446,13 @@ def input_items(items: list[InputItem]) -> list[dict[str, Any]]:
     return out
 
 
-def stream_response(
-    turn: Turn,
-    ticket: Ticket,
-    prompt: RenderedPrompt,
-    sampling: SamplingParams,
-    response: ResponseObject,
-    cache: CacheLookup,
-) -> Response:
+def stream_response(run: Run) -> Response:
+    """The run as an SSE response; the producer lives in the call's nursery."""
     settings = services().settings
 
     async def produce(sink: EventSink) -> None:
-        assembler = make_assembler(turn, response, sink.send)
-        try:
-            await assembler.start()
-            result = await generate(
-                turn.engine,
-                ticket,
-                prompt,
-                sampling,
-                turn.conversation,
-                assembler.on_segment,
-                cache,
-            )
-            if result.finish_reason == "cancelled":  # only the server cancels a live stream
-                await assembler.fail(SHUTDOWN_MESSAGE, code="server_shutting_down")
-                return
-            await assembler.complete(result)
-            if await persist(turn, response):
-                take_back_unless(lambda: stream.delivered, response.id)
-            await assembler.announce()
-        except ApiError as exc:
-            await assembler.fail(exc.message)
-        except CLIENT_GONE:
-            raise
-        except Exception:  # a bug: the stream still ends with its terminal event
-            log.exception("response %s failed", response.id)
-            await assembler.fail("internal server error")
+        assembler = make_assembler(run.turn, run.response, sink.send)
+        await produce_events(run, assembler, lambda: stream.delivered)
 
     stream = EventStream(
         request_nursery(),
@@ -360,7 +461,11 @@ def stream_response(
         keepalive=settings.sse_keepalive,
         drain_timeout=settings.sse_drain_timeout,
     )
-    out = Response(stream.body(), status=200, headers={**SSE_HEADERS, **cache.headers()})
+    return sse_response(stream, run.cache.headers())
+
+
+def sse_response(stream: EventStream, headers: dict[str, str]) -> Response:
+    out = Response(stream.body(), status=200, headers={**SSE_HEADERS, **headers})
     out.timeout = None  # our drain deadline replaces Quart's 60 s response timeout
     return out
 
@@ -384,7 +489,43 @@ async def _stored(response_id: str) -> StoredResponse:
 
 @blueprint.route("/v1/responses/<response_id>", methods=["GET"])
 async def retrieve_response(response_id: str) -> Response:
-    return jsonify((await _stored(response_id)).response)
+    """The stored response; a running background response as it stands now,
+    or, with ``stream=true``, its events after ``starting_after``."""
+    from quart import request
+
+    from . import responses_background as background
+
+    job = background.live_job(response_id)
+    if request.args.get("stream", "false").lower() == "true":
+        if job is None:
+            await _stored(response_id)  # 404 if it does not exist at all
+            raise invalid_request(
+                "only background responses can be streamed again, while the server "
+                "still holds their events (for 10 minutes after they end)",
+                "stream",
+            )
+        return background.follow_job(job, _starting_after(request.args.get("starting_after")))
+    if job is not None and not job.done.is_set():
+        return jsonify(job.snapshot())
+    return jsonify(background.orphaned((await _stored(response_id)).response))
+
+
+def _starting_after(value: str | None) -> int:
+    if value is None:
+        return -1
+    try:
+        return max(-1, int(value))
+    except ValueError:
+        raise invalid_request("starting_after must be an integer", "starting_after") from None
+
+
+@blueprint.route("/v1/responses/<response_id>/cancel", methods=["POST"])
+async def cancel_response(response_id: str) -> Response:
+    from . import responses_background as background
+
+    job = background.live_job(response_id)
+    stored = None if job is not None else (await _stored(response_id)).response
+    return await background.cancel(response_id, stored)
 
 
 @blueprint.route("/v1/responses/<response_id>", methods=["DELETE"])
@@ -404,7 +545,7 @@ async def list_input_items(response_id: str) -> Response:
     from quart import request
 
     record = await _stored(response_id)
-    items = list(record.input_items)
+    items = input_item_resources(list(record.input_items))
     if request.args.get("order", "desc") == "desc":
         items.reverse()
     after = request.args.get("after")

@@ -74,8 +74,14 @@ class ResponseAssembler:
         return self.response.output.index(item)
 
     async def start(self) -> None:
+        """Open the stream. A queued response (background mode) announces that
+        it waits, then that it runs."""
         snapshot = self.response.wire()
         await self._send("response.created", response=snapshot)
+        if self.response.status == "queued":
+            await self._send("response.queued", response=snapshot)
+            self.response.status = "in_progress"
+            snapshot = self.response.wire()
         await self._send("response.in_progress", response=snapshot)
 
     async def on_segment(self, segment: Segment) -> None:
@@ -93,7 +99,7 @@ class ResponseAssembler:
             await self._close_message("completed")
         item = self._reasoning
         if item is None:
-            item = self._reasoning = ReasoningItem(summary=[], status=None)
+            item = self._reasoning = ReasoningItem(summary=[])
             self.response.output.append(item)
             await self._send(
                 "response.output_item.added",
@@ -117,10 +123,11 @@ class ResponseAssembler:
             delta=text,
         )
 
-    async def _close_reasoning(self) -> None:
+    async def _close_reasoning(self, status: str = "completed") -> None:
         item, self._reasoning = self._reasoning, None
         if item is None:
             return
+        item.status = status  # type: ignore[assignment]
         index, text = self._index(item), item.summary[0].text
         if self._seal is not None:
             item.encrypted_content = self._seal(text)
@@ -263,7 +270,7 @@ class ResponseAssembler:
         """Close open items and finalise the response object (status, usage); the
         terminal event is not sent yet, so the caller can store the response first."""
         incomplete = result.finish_reason == "length"
-        await self._close_reasoning()
+        await self._close_reasoning("incomplete" if incomplete else "completed")
         await self._close_message("incomplete" if incomplete else "completed")
         response = self.response
         response.status = "incomplete" if incomplete else "completed"
@@ -280,19 +287,35 @@ class ResponseAssembler:
         response.usage = usage_of(result, extra_usage)
 
     async def announce(self) -> None:
-        """Send the terminal event: response.completed or response.incomplete."""
-        event = (
-            "response.incomplete" if self.response.status == "incomplete" else "response.completed"
-        )
+        """Send the terminal event for the response's status: response.completed,
+        response.incomplete, or response.failed (for failed and cancelled)."""
+        terminal = {
+            "incomplete": "response.incomplete",
+            "failed": "response.failed",
+            "cancelled": "response.failed",
+        }
+        event = terminal.get(self.response.status, "response.completed")
         await self._send(event, response=self.response.wire())
 
-    async def fail(self, message: str, code: str = "server_error") -> None:
-        """The turn failed after the stream started: close items, send response.failed."""
-        await self._close_reasoning()
+    async def mark_failed(self, message: str, code: str = "server_error") -> None:
+        """The turn failed after the stream started: close open items and set
+        the failed status; :meth:`announce` then sends response.failed."""
+        await self._close_reasoning("incomplete")
         await self._close_message("incomplete")
         self.response.status = "failed"
-        self.response.error = ResponseError(code=code, message=message)
-        await self._send("response.failed", response=self.response.wire())
+        self.response.error = ResponseError.of(code, message)
+
+    async def mark_cancelled(self) -> None:
+        """A background response cancelled by its client: close open items and
+        set the cancelled status (no error: it did not fail)."""
+        await self._close_reasoning("incomplete")
+        await self._close_message("incomplete")
+        self.response.status = "cancelled"
+
+    async def fail(self, message: str, code: str = "server_error") -> None:
+        """:meth:`mark_failed`, then send response.failed."""
+        await self.mark_failed(message, code)
+        await self.announce()
 
 
 def usage_of(result: TurnResult, extra: dict[str, Any] | None = None) -> Usage:

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import jsontext
 from ..protocol.responses_items import (
+    CompactionItem,
     ContentPart,
     CustomToolCallItem,
     FunctionCallItem,
@@ -37,6 +38,23 @@ from .errors import ConversationError
 IMAGE_PLACEHOLDER = "[image omitted: this model reads text only]"
 
 Reveal = Callable[[str | None], str | None]
+
+# Sealed compaction summaries start with this mark: reasoning blobs are sealed
+# with the same key, and the mark keeps one from passing for the other.
+COMPACTION_MARK = "mlxtrio-compaction\n"
+# How the model sees a compaction item: a user message with this heading.
+SUMMARY_HEADING = "Summary of the conversation so far (earlier turns were compacted into it):\n\n"
+
+
+def compaction_payload(summary: str) -> str:
+    """The text to seal as a compaction item's ``encrypted_content``."""
+    return COMPACTION_MARK + summary
+
+
+def is_compaction_summary(message: Message) -> bool:
+    """Whether ``message`` is a compaction item as the model saw it (a later
+    compaction replaces it rather than keeping it as a user message)."""
+    return message.role == "user" and message.content.startswith(SUMMARY_HEADING)
 
 
 def required_tool(request: ResponsesRequest) -> ToolRequirement | None:
@@ -145,11 +163,34 @@ def _tool_output(output: str | list[ContentPart] | dict[str, Any]) -> str:
     return json.dumps(output)
 
 
+def _compaction_summary(item: CompactionItem, ordinal: int, reveal: Reveal | None) -> Message:
+    """The summary a compaction item carries, as a user message. Unlike a
+    reasoning blob (an optional hint), the summary *is* the earlier conversation:
+    one that cannot be read is an error, never silently dropped context."""
+    opened = reveal(item.encrypted_content) if reveal is not None else None
+    if opened is None or not opened.startswith(COMPACTION_MARK):
+        name = (
+            f'"{item.id}"'
+            if item.id
+            else f"number {ordinal} (counting the input's compaction items)"
+        )
+        raise ConversationError(
+            f"compaction item {name} cannot be read: its encrypted_content was not issued "
+            "by this server (or by its current key), or it was altered. Send compaction "
+            "items back exactly as /v1/responses/compact returned them, or compact the "
+            "conversation again from its full history.",
+            "input",
+        )
+    return Message("user", SUMMARY_HEADING + opened.removeprefix(COMPACTION_MARK))
+
+
 def map_items(items: list[InputItem], reveal: Reveal | None = None) -> list[Message]:
     """Input items -> messages. Consecutive reasoning, assistant text and calls form
-    one assistant turn; ``reveal`` reads back sealed reasoning blobs."""
+    one assistant turn; ``reveal`` reads back sealed reasoning blobs and
+    compaction summaries."""
     messages: list[Message] = []
     assistant: Message | None = None
+    compactions = 0
 
     def flush() -> None:
         nonlocal assistant
@@ -191,6 +232,10 @@ def map_items(items: list[InputItem], reveal: Reveal | None = None) -> list[Mess
         elif isinstance(item, ToolOutputItem):
             flush()
             messages.append(Message("tool", _tool_output(item.output), tool_call_id=item.call_id))
+        elif isinstance(item, CompactionItem):
+            flush()
+            compactions += 1
+            messages.append(_compaction_summary(item, compactions, reveal))
         # Anything else is a reference or a server-side tool record: nothing to render.
     flush()
     return messages

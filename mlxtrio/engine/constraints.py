@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import mlx.core as mx
+
+from .types import TextConstraint
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
@@ -85,12 +88,83 @@ def hermes_openings(names: list[str], leads: tuple[str, ...] = ("", "\n")) -> tu
     """How a Hermes JSON tool call (``<tool_call>{"name": ...}``) naming one of
     ``names`` starts after its marker; ``leads`` are what may come between the
     marker and the JSON (models put it right after the marker or on the next line)."""
+    return CallShape(_hermes, leads).openings(names)
+
+
+def _hermes(name: str) -> tuple[str, ...]:
     # No trailing space after the colon: models emit ' {' as one token.
-    return tuple(
-        lead + '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":'
-        for name in names
-        for lead in leads
-    )
+    return ('{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":',)
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """How a call in one tool-call family's markup begins right after the
+    family's start marker, up to where the tool's name is unambiguous: forcing
+    that much lets the model pick only an offered tool, by its own logits, and
+    leaves the arguments to it.
+
+    ``forms`` gives the ways a call naming a tool may begin; ``heads`` what may
+    come between the marker and it, the family template's own first (the only
+    one allowed when the call is forced from nothing, so the model is not led
+    into a spelling it never saw)."""
+
+    forms: Callable[[str], tuple[str, ...]]
+    heads: tuple[str, ...] = ("",)
+
+    def openings(self, names: Iterable[str], canonical: bool = False) -> tuple[str, ...]:
+        heads = self.heads[:1] if canonical else self.heads
+        return tuple(head + form for name in names for head in heads for form in self.forms(name))
+
+
+def _glm(name: str) -> tuple[str, ...]:
+    # The name ends where the first <arg_key> (or the closing marker) starts;
+    # GLM 4.5 templates put a newline there.
+    return (name + "<", name + "\n")
+
+
+# By mlx-lm tool parser module (laguna's parser is glm47's). Families left out
+# are not constrained (their calls are still parsed):
+# * kimi_k3: its start marker is several tokens, so there is no one token to
+#   constrain after, and what follows (`<|open|>call tool="..." index=...`,
+#   with whatever whitespace the model puts between XTML blocks) is not pinned
+#   down by the parser;
+# * muse_spark: the parser allows attributes before `name=` in
+#   `<atem:invoke ...>` and its response format names the tool in the message
+#   header too, so a forced shape could contradict what the model writes.
+CALL_SHAPES: dict[str, CallShape] = {
+    "json_tools": CallShape(_hermes, ("", "\n")),
+    "qwen3_coder": CallShape(lambda name: (f"<function={name}>",), ("\n", "")),
+    "glm47": CallShape(_glm),
+    "longcat": CallShape(_glm),
+    # The call id is `functions.NAME:INDEX`; the index is left to the model.
+    "kimi_k2": CallShape(lambda name: (f"<|tool_call_begin|>functions.{name}:",)),
+    # `[TOOL_CALLS]name[ARGS]{...}` (v11+ templates) or a JSON list (older ones).
+    "mistral": CallShape(
+        lambda name: (name + "[ARGS]", "[" + _hermes(name)[0]),
+        ("", " "),
+    ),
+    "pythonic": CallShape(lambda name: (f"[{name}(",)),
+    "function_gemma": CallShape(lambda name: (f"call:{name}{{",)),
+    "gemma4": CallShape(lambda name: (f"call:{name}{{",)),
+    "minimax_m2": CallShape(lambda name: (f'<invoke name="{name}">',), ("\n", "")),
+    # The marker is `<function name=`: the quoted name follows.
+    "minicpm5": CallShape(lambda name: (f'"{name}">',)),
+}
+
+
+def call_shape(tool_parser: Any) -> CallShape | None:
+    """The call shape of the family whose parser is ``tool_parser`` (the
+    tokenizer's), or None when calls of that family are not constrained."""
+    module = getattr(tool_parser, "__module__", None) or ""
+    return CALL_SHAPES.get(module.rsplit(".", 1)[-1])
+
+
+def forbid(token: int) -> TextConstraint:
+    """A constraint that ``token`` is never generated: after it, the output
+    would have to go on with one of no openings. Used for the tool-call marker
+    when no tool is offered, so that a model drawn to call one answers instead
+    (a call of no offered tool could only be dropped)."""
+    return TextConstraint((), after=token, repeat=True)
 
 
 class _Steps:
@@ -133,6 +207,9 @@ class OpeningConstraint:
     odd one (``t``, ``ermin``, ...) throws it off what it learnt and it then
     writes broken arguments. Without them, or should the output leave them, any
     tokenisation of the text is allowed.
+
+    With no ``openings`` nothing may follow ``after``: that token is masked at
+    every step (see :func:`forbid`).
     """
 
     def __init__(
@@ -153,8 +230,12 @@ class OpeningConstraint:
         self._tokens: list[int] = []
         # 0 for the allowed first tokens, -inf elsewhere; built on first use
         self._first_mask: mx.array | None = None
+        self._banned = after if not openings and after is not None else None
+        self._ban_mask: mx.array | None = None  # 0, and -inf at the banned token
 
     def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
+        if self._banned is not None:
+            return self._without_banned(logits)
         known, pending = self._steps.advance(context)
         for token in known:
             self._take(token)
@@ -200,6 +281,15 @@ class OpeningConstraint:
         if spelled:
             return spelled.union(*(self.vocab.covering(rest) for rest in rests))
         return set().union(*(self.vocab.consistent_with(rest) for rest in rests))
+
+    def _without_banned(self, logits: mx.array) -> mx.array:
+        """``logits`` with the banned token at -inf. Stateless: no token needs
+        to be read, so this never waits on the device."""
+        if self._ban_mask is None:
+            self._ban_mask = mx.zeros(logits.shape[-1:], dtype=logits.dtype)
+            if self._banned is not None and 0 <= self._banned < logits.shape[-1]:
+                self._ban_mask[self._banned] = -float("inf")
+        return logits + self._ban_mask
 
     def _first_tokens_mask(self, logits: mx.array) -> mx.array:
         if self._first_mask is None:

@@ -137,6 +137,11 @@ class Engine:
         return self.loaded.tool_call_token if self.loaded else None
 
     @property
+    def tool_call_mask_token(self) -> int | None:
+        """The token masked to keep the model from opening a tool call."""
+        return self.loaded.tool_call_mask_token if self.loaded else None
+
+    @property
     def active_sequences(self) -> int:
         """Sequences submitted and not yet finished (as the Trio side sees them)."""
         return len(self._live_handles)

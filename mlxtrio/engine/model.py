@@ -35,6 +35,8 @@ class LoadedModel:
     token_texts: TokenTexts
     # The id of the model's tool-call marker when it is one token.
     tool_call_token: int | None
+    # The token masked when no tool is offered (see maskable_marker_token).
+    tool_call_mask_token: int | None = None
 
     @property
     def context_length(self) -> int:
@@ -75,6 +77,7 @@ def load_model(name: str, path: str, compute_dtype: str) -> LoadedModel:
         max_token_chars=max(1, max(map(len, texts.texts), default=1), _longest_added(tokenizer)),
         token_texts=texts,
         tool_call_token=tool_call_token,
+        tool_call_mask_token=maskable_marker_token(tokenizer),
     )
     log.info(
         "model %s ready in %.2f s (%s, %d layers, context %d, %s)",
@@ -86,6 +89,39 @@ def load_model(name: str, path: str, compute_dtype: str) -> LoadedModel:
         loaded.dtype,
     )
     return loaded
+
+
+def maskable_marker_token(tokenizer: Any) -> int | None:
+    """The token that opens every tool call, when masking it forbids tool calls
+    and nothing else: the first token of the tool-call start marker, if it is a
+    token of its own (an added token, as ``<tool_call>`` or ``[TOOL_CALLS]``,
+    not ordinary text such as ``[``) and, when the marker is several tokens, no
+    other marker of the model starts with it (Kimi K3's ``<|open|>`` opens every
+    block). None otherwise."""
+    if not getattr(tokenizer, "has_tool_calling", False):
+        return None
+    marker = list(getattr(tokenizer, "tool_call_start_tokens", None) or ())
+    if not marker:
+        return None
+    added: dict[str, int] = getattr(tokenizer, "get_added_vocab", dict)()
+    text = next((t for t, token in added.items() if token == marker[0]), None)
+    if text is None:
+        return None
+    if len(marker) > 1 and any(other.startswith(text) for other in _other_markers(tokenizer)):
+        return None
+    return marker[0]
+
+
+def _other_markers(tokenizer: Any) -> list[str]:
+    """Every marker text the model's output may hold besides the tool-call start."""
+    found = [
+        getattr(tokenizer, name, None) for name in ("think_start", "think_end", "tool_call_end")
+    ]
+    found += list(getattr(tokenizer, "structural_markers", None) or ())
+    transitions = getattr(tokenizer, "response_transitions", None) or {}
+    found += [text for edges in transitions.values() for text, _ in edges]
+    start = tokenizer.tool_call_start
+    return [m for m in found if m and m != start]
 
 
 def _longest_added(tokenizer: Any) -> int:

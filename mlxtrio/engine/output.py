@@ -3,9 +3,11 @@ tool calls, as it arrives.
 
 Built on mlx-lm's ``TextStateMachine`` (which knows each model family's markers
 through the ``TokenizerWrapper`` and holds back only what might be the start of a
-marker) and the family's tool parser from ``mlx_lm.tool_parsers``. Markup never
-reaches the client: a tool-call segment is only emitted once it is complete and
-parsed.
+marker) and the family's tool parser from ``mlx_lm.tool_parsers``: every family
+mlx-lm parses works the same way here (``tests/test_tool_families.py`` runs each
+one end to end). Markup never reaches the client: a tool-call segment is only
+emitted once it is complete and parsed, and a segment may hold several calls. A
+family without an end marker (Mistral) keeps its calls until generation ends.
 
 Pure Python; safe to run on the Trio thread (microseconds per delta).
 """
@@ -75,8 +77,9 @@ class OutputParser:
         self._tokenizer = tokenizer
         self._tools = tools
         self._machine = make_text_state_machine(_StrayClosersHidden(tokenizer))
-        initial = "reasoning" if starts_in_reasoning and tokenizer.has_thinking else "normal"
-        self._state = self._machine.make_state(initial=initial)
+        self._state = self._machine.make_state(
+            initial=_initial_state(tokenizer, starts_in_reasoning)
+        )
         self._tool_buffer: list[str] = []
         self.invalid_tool_calls = 0
         # Whitespace around markers ("</think>\n\n", "\n<tool_call>") is not content:
@@ -114,8 +117,11 @@ class OutputParser:
                     out.extend(self._close_tool_call())
             elif state == "reasoning":
                 self._trimmed("reasoning", text, out)
-            else:
+            elif state == "normal":
                 self._trimmed("text", text, out)
+            # Any other state is a response format's message header (Muse
+            # Spark's "<|start|>assistant to=user"): not content, as in mlx-lm's
+            # server.
         return out
 
     def _trimmed(self, kind: SegmentKind, text: str, out: list[Segment]) -> None:
@@ -141,6 +147,16 @@ class OutputParser:
             self.invalid_tool_calls += 1
             log.info("dropped a tool call that did not parse: %r", raw[:200])
         return [Segment("tool_call", tool_call=call) for call in calls]
+
+
+def _initial_state(tokenizer: Any, starts_in_reasoning: bool) -> str:
+    """Where the output starts: where the model's response format says (Muse
+    Spark starts in a message header), else in reasoning when the prompt opened
+    it, else in the answer."""
+    initial = getattr(tokenizer, "response_initial_state", None)
+    if isinstance(initial, str) and initial:
+        return initial
+    return "reasoning" if starts_in_reasoning and tokenizer.has_thinking else "normal"
 
 
 def parse_tool_calls(

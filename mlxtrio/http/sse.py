@@ -92,6 +92,13 @@ RESPONSES = Surface(
             "code": "server_error",
             "message": "internal server error",
             "param": None,
+            # Open Responses nests the error; OpenAI puts it at the top: both.
+            "error": {
+                "type": "server_error",
+                "code": "server_error",
+                "message": "internal server error",
+                "param": None,
+            },
         },
     ),
 )

@@ -84,6 +84,26 @@ def install(app: Quart, api_key: str, cors_origins: str = "", allowed_hosts: str
             )
         return None
 
+    @app.before_websocket
+    async def _guard_websocket() -> Response | None:
+        """The same host, origin and key checks as for requests, before the
+        upgrade is accepted (a refusal is an HTTP answer to the handshake)."""
+        ws = websocket_context
+        refusal = hosts.check(ws.headers.get("Host"), ws.scope.get("server"))
+        origin = ws.headers.get("Origin")
+        if refusal is None and origin is not None and not origins.allows(origin):
+            refusal = origins.refusal(origin)
+        if refusal is not None:
+            return error_response(refusal)
+        if keys:
+            try:
+                g.client_domain = keys.authenticate(
+                    ws.headers.get("x-api-key"), ws.headers.get("Authorization")
+                )
+            except ApiError as exc:
+                return error_response(exc)
+        return None
+
     @app.after_request
     async def _cors(response: Response) -> Response:
         origin = request.headers.get("Origin")

@@ -1,9 +1,10 @@
 """Input items of an OpenAI Responses request (``input`` as an array).
 
 The accepted item types are the ones agent clients send back with each turn:
-messages, reasoning, function and custom tool calls and their outputs, plus
-references and server-side tool records, which carry nothing to render. An item
-without ``type`` is a message (the SDKs' "easy input message").
+messages, reasoning, function and custom tool calls and their outputs, the
+compaction items of ``/v1/responses/compact``, plus references and server-side
+tool records, which carry nothing to render. An item without ``type`` is a
+message (the SDKs' "easy input message").
 """
 
 from __future__ import annotations
@@ -112,6 +113,16 @@ class ToolOutputItem(RequestModel):
     ] = ""
 
 
+class CompactionItem(RequestModel):
+    """The summary ``/v1/responses/compact`` returned, sent back in a later
+    request's input: sealed by this server (see chat.sealing), so it is opaque
+    to the client and cannot be altered or forged."""
+
+    type: Literal["compaction"]
+    encrypted_content: str
+    id: str | None = None
+
+
 class PassiveItem(RequestModel):
     """References and server-side tool records: nothing for the model to read."""
 
@@ -125,6 +136,7 @@ InputItem = Annotated[
     | Annotated[CustomToolCallItem, variant("type", "custom_tool_call")]
     | Annotated[ToolOutputItem, variant("type", "function_call_output")]
     | Annotated[ToolOutputItem, variant("type", "custom_tool_call_output")]
+    | Annotated[CompactionItem, variant("type", "compaction")]
     | Annotated[PassiveItem, variant("type", "item_reference")]
     | Annotated[PassiveItem, variant("type", "web_search_call")]
     | Annotated[PassiveItem, variant("type", "tool_search_call")]

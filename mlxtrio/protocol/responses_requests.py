@@ -191,6 +191,7 @@ class ResponsesRequest(RequestModel):
     previous_response_id: Annotated[str | None, AfterValidator(_absent_if_empty)] = None
     stream: bool | None = None
     store: bool | None = None
+    background: bool | None = None
     temperature: ZeroToTwo | None = None
     top_p: UnitInterval | None = None
     presence_penalty: Penalty | None = None

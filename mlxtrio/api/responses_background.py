@@ -1,0 +1,162 @@
+"""Background mode of ``/v1/responses``: ``background: true``, polling, resuming
+a stream, cancelling.
+
+A background response runs as a job in the server's nursery (see
+:mod:`mlxtrio.background`), inside a call scope of its own, so the admission
+place and the pinned cache prefix it holds are released when the *job* ends,
+not when the request that started it does. Its record is stored as ``queued``
+before the request is answered (a client that polls at once finds it) and
+stored again with its final state, failed and cancelled included: a client
+polling a background response must always learn how it ended.
+
+Its events are kept in memory while the job is known, numbered by
+``sequence_number`` from 0, so ``GET /v1/responses/{id}?stream=true
+&starting_after=N`` resumes right after event N. A record still ``queued`` or
+``in_progress`` that no job in this process runs belongs to a server that
+stopped before finishing it; it is reported as failed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+from quart import Response, jsonify
+
+from ..background import Job
+from ..http.access_log import AccessRecord
+from ..http.errors import ApiError, invalid_request, not_found
+from ..http.sse import RESPONSES, EventSink, EventStream
+from ..http.transport import client_domain
+from ..protocol.responses_requests import ResponsesRequest
+from .deps import open_call_scope, request_nursery, services
+from .responses import (
+    _open_store,
+    begin,
+    make_assembler,
+    persist,
+    produce_events,
+    sse_response,
+)
+
+log = logging.getLogger("mlxtrio.responses")
+
+CANCEL_WAIT = 30.0  # seconds a cancel request waits for the job to stop
+
+
+async def start_background(request: ResponsesRequest) -> Response:
+    """Validate, store the queued response and start its job; answer with the
+    queued Response object, or with its event stream when ``stream`` is set
+    (the job goes on if that stream's client leaves)."""
+    if request.store is False:
+        raise invalid_request(
+            "background responses must be stored so they can be polled: "
+            "set store to true (or omit it)",
+            "store",
+        )
+    _open_store(
+        "cannot start a background response",
+        invalid_request("background mode requires a response store to be configured", "background"),
+    )
+    job, queued = await services().start_job(_run_job, request)
+    if request.stream:
+        return follow_job(job, after=-1)
+    return jsonify(queued)
+
+
+async def _run_job(
+    request: ResponsesRequest, task_status: trio.TaskStatus[tuple[Job, dict[str, Any]]]
+) -> None:
+    """The job: prepared and stored in its own call scope (an error up to
+    there is the request's answer), then generated to its end."""
+    svc = services()
+    async with open_call_scope(AccessRecord("POST", "/v1/responses (background)")):
+        run = await begin(request)
+        response = run.response
+        response.status = "queued"
+        if not await persist(run.turn, response):
+            raise ApiError(
+                503,
+                "cannot start a background response: it could not be stored; retry later",
+                "server_error",
+                code="store_unavailable",
+            )
+        job = Job(response.id, run.turn.owner, snapshot=response.wire)
+        svc.jobs.add(job)
+        task_status.started((job, response.wire()))
+        assembler = make_assembler(run.turn, response, job.log.append)
+        try:
+            with trio.CancelScope() as generation:
+                job.running_in(generation)
+                await produce_events(run, assembler, lambda: True, keep_unfinished=True)
+            if generation.cancelled_caught:
+                await assembler.mark_cancelled()
+                await persist(run.turn, response)
+                await assembler.announce()
+                log.info("background response %s cancelled by its client", response.id)
+        finally:
+            job.finish()
+
+
+def follow_job(job: Job, after: int) -> Response:
+    """The job's events after sequence number ``after`` as an SSE stream;
+    the client leaving ends only this stream."""
+    settings = services().settings
+
+    async def produce(sink: EventSink) -> None:
+        async for event, data in job.log.follow(after + 1):
+            await sink.send(event, data)
+
+    stream = EventStream(
+        request_nursery(),
+        produce,
+        RESPONSES,
+        keepalive=settings.sse_keepalive,
+        drain_timeout=settings.sse_drain_timeout,
+    )
+    return sse_response(stream, {})
+
+
+def live_job(response_id: str) -> Job | None:
+    """The job of ``response_id`` in this process, if the caller may see it."""
+    job = services().jobs.get(response_id)
+    if job is None or job.owner != client_domain():
+        return None
+    return job
+
+
+def orphaned(record: dict[str, Any]) -> dict[str, Any]:
+    """A stored background response that no job here runs any more: a server
+    stopped before it finished, so it never will; say so."""
+    if not record.get("background") or record.get("status") not in ("queued", "in_progress"):
+        return record
+    return {
+        **record,
+        "status": "failed",
+        "error": {
+            "code": "server_error",
+            "message": "the server stopped before this background response finished; "
+            "create it again",
+        },
+    }
+
+
+async def cancel(response_id: str, stored: dict[str, Any] | None) -> Response:
+    """Cancel a background response and answer with its final state. One
+    that already ended is returned unchanged (cancelling is idempotent)."""
+    job = live_job(response_id)
+    if job is not None:
+        job.cancel()
+        with trio.move_on_after(CANCEL_WAIT):
+            await job.done.wait()
+        return jsonify(job.snapshot())
+    if stored is None:
+        raise not_found(f'Response "{response_id}" not found or expired')
+    if not stored.get("background"):
+        raise invalid_request(
+            "only background responses can be cancelled (this one was not created "
+            "with background: true)",
+            "response_id",
+        )
+    return jsonify(orphaned(stored))
