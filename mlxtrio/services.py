@@ -67,6 +67,7 @@ class Services:
                 default_max_tokens=s.default_max_tokens,
                 prefix_cache_bytes=s.prefix_cache_budget,
                 compute_dtype=s.compute_dtype,
+                context_limit=s.context_length,
             )
             self.registry.add(engine)
             self.lanes[name] = AdmissionLane(f"model {name!r}", s.capacity, s.waiting_room)

@@ -61,6 +61,9 @@ class Settings:
     # Prefix KV cache budget per model in bytes: -1 = auto (20 % of physical
     # memory, at most 16 GiB), 0 = off.
     prefix_cache_bytes: int = -1
+    # Context served per model, in tokens: 0 = the model's own; a smaller value
+    # bounds prompt + output (less KV memory; clients compact sooner).
+    context_length: int = 0
     default_max_tokens: int = 4096  # clamped to max_output_tokens
     max_output_tokens: int = 32768
     # Prefill is paced by time: each engine step prefills for about

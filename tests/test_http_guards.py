@@ -217,3 +217,28 @@ async def test_count_tokens_of_a_huge_body_is_refused_without_tokenizing(
         assert r.json()["error"]["message"].startswith("prompt is too long: ")
     assert responses.status_code == 400
     assert responses.json()["error"]["code"] == "context_length_exceeded"
+
+
+async def test_a_configured_context_length_bounds_prompts(
+    server_factory, scripted_model_path
+) -> None:
+    """CONTEXT_LENGTH below the model's: over it, each client gets the error
+    it compacts on (Anthropic's wording, OpenAI's code)."""
+    server = await server_factory(model=scripted_model_path, model_name=SCRIPTED, context_length=64)
+    assert server.engine.context_length == 64
+    long = "word " * 100
+    async with server.client() as client:
+        ok = await client.post("/v1/responses", json=HI)
+        messages = await client.post(
+            "/v1/messages",
+            json={**MESSAGE, "messages": [{"role": "user", "content": long}]},
+        )
+        responses = await client.post("/v1/responses", json={**HI, "input": long})
+    assert ok.status_code == 200, ok.text
+    error = messages.json()["error"]
+    assert messages.status_code == 400 and error["type"] == "invalid_request_error"
+    assert (
+        error["message"].startswith("prompt is too long: ") and "> 64 maximum" in error["message"]
+    )
+    assert responses.status_code == 400
+    assert responses.json()["error"]["code"] == "context_length_exceeded"

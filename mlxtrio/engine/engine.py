@@ -74,8 +74,10 @@ class Engine:
         prefix_cache_bytes: int = 0,
         compute_dtype: str = "model",
         prefill_step_seconds: float = 0.25,
+        context_limit: int = 0,
     ) -> None:
         self.name = name
+        self._context_limit = context_limit
         self.path = path
         self.capacity = capacity
         self.compute_dtype_setting = compute_dtype
@@ -126,7 +128,9 @@ class Engine:
 
     @property
     def context_length(self) -> int:
-        return self.loaded.context_length if self.loaded else 32768
+        """The context served: the model's, or the configured limit if smaller."""
+        own = self.loaded.context_length if self.loaded else 32768
+        return min(own, self._context_limit) if self._context_limit > 0 else own
 
     @property
     def max_token_chars(self) -> int:
