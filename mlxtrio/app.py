@@ -60,6 +60,8 @@ class MlxtrioApp(QuartTrio):
                 )
             elif message["type"] == "websocket.accept":
                 record.status = 101
+            elif message["type"] == "websocket.http.response.start":  # a refused handshake
+                record.status = message["status"]
             await send(message)
 
         async with open_call_scope(record):

@@ -102,6 +102,8 @@ async def serve(
     config.bind = [f"{settings.host}:{settings.port}"]
     config.accesslog = None
     config.graceful_timeout = settings.shutdown_grace
+    # A WebSocket message carries a request body: the same limit.
+    config.websocket_max_message_size = settings.max_body_bytes
     app = create_app(settings)
     services = app.extensions["mlxtrio"]
 

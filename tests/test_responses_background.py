@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import httpx
 import openai
+import pytest
 import trio
 
 from .conftest import SCRIPTED, Server, parse_sse, wait_until
@@ -120,3 +121,43 @@ async def test_orphaned_background_response_reads_as_failed(scripted: Server) ->
         polled = (await http.get(f"/v1/responses/{created.id}")).json()
     assert polled["status"] == "failed"
     assert "stopped before" in polled["error"]["message"]
+
+
+async def test_an_unfinished_response_cannot_be_continued_and_delete_stops_the_job(
+    scripted: Server,
+) -> None:
+    engine = scripted.engine
+    async with sdk(scripted) as client:
+        running = await client.responses.create(
+            model=SCRIPTED, input="LOOP forever", background=True, max_output_tokens=4000
+        )
+        await wait_until(lambda: engine.active_sequences > 0, what="generating")
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.responses.create(
+                model=SCRIPTED, input="next", previous_response_id=running.id
+            )
+        assert "has not finished" in str(refused.value)
+        await client.responses.delete(running.id)
+        await wait_until(lambda: engine.active_sequences == 0, what="job stopped")
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.retrieve(running.id)
+
+
+async def test_a_failing_job_ends_failed_and_the_server_goes_on(
+    scripted: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlxtrio.api.responses_events import ResponseAssembler
+
+    async def broken(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("assembler bug")
+
+    monkeypatch.setattr(ResponseAssembler, "complete", broken)
+    monkeypatch.setattr(ResponseAssembler, "mark_failed", broken)  # the failure path too
+    async with sdk(scripted) as client:
+        first = await client.responses.create(model=SCRIPTED, input="Hi!", background=True)
+        failed = await _poll(client, first.id, {"failed", "completed", "incomplete"})
+        assert failed.status == "failed"  # type: ignore[attr-defined]
+        monkeypatch.undo()
+        second = await client.responses.create(model=SCRIPTED, input="Hi!", background=True)
+        done = await _poll(client, second.id, {"completed"})
+    assert done.output_text == "Hello world."  # type: ignore[attr-defined]

@@ -261,3 +261,52 @@ async def test_a_silent_turn_sends_keepalives_and_processed_is_ignored(
     assert "keepalive" in types
     assert types[-1] == "response.completed"
     assert _final(events)["output_text"] == "Hello world."
+
+
+async def test_the_socket_survives_bad_messages_and_remembers_stored_chains(
+    scripted: Server,
+) -> None:
+    """A malformed message is an error event, not a closed socket; a turn that
+    continues a stored response remembers the whole chain, not itself alone."""
+    first = await _session(
+        scripted, lambda c: _turn(c, model=SCRIPTED, input="Hi!"), api_key="unused"
+    )
+
+    def script(connection: Any) -> tuple[Events, Events, Events]:
+        connection.send({"type": ["x"]})
+        bad = [next(iter(connection)).to_dict()]
+        second = _turn(
+            connection, model=SCRIPTED, input="More", previous_response_id=_final(first)["id"]
+        )
+        third = _turn(
+            connection,
+            model=SCRIPTED,
+            input="Again",
+            previous_response_id=_final(second)["id"],
+            store=False,
+        )
+        return bad, second, third
+
+    bad, second, third = await _session(scripted, script, api_key="unused")
+    assert bad[0]["type"] == "error" and bad[0]["status"] == 400
+    # The third turn's prompt holds all three user messages: it grew past the second's.
+    assert _final(third)["usage"]["input_tokens"] > _final(second)["usage"]["input_tokens"]
+    async with scripted.client() as http:
+        counted = await http.post(
+            "/v1/responses/input_tokens",
+            json={
+                "model": SCRIPTED,
+                "input": "Again",
+                "previous_response_id": _final(second)["id"],
+            },
+        )
+    assert counted.json()["input_tokens"] == _final(third)["usage"]["input_tokens"]
+
+
+async def test_a_warm_up_generates_one_token_at_most(scripted: Server) -> None:
+    events = await _session(
+        scripted,
+        lambda c: _turn(c, model=SCRIPTED, instructions="Be brief.", input="LOOP", generate=False),
+        api_key="unused",
+    )
+    assert _final(events)["usage"]["output_tokens"] <= 1

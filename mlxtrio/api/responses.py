@@ -9,7 +9,8 @@ terminal event (or JSON body) goes out, so a client that continues the instant i
 sees ``response.completed`` always finds it. A store that cannot write within
 ``store_write_timeout`` is logged and skipped - the client still gets its output,
 and a later continuation from it gets a clear 404. Failed, cancelled and
-disconnected turns are never stored.
+disconnected turns are never stored - except background responses, whose
+clients poll for how they ended (``responses_background``).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import trio
 from quart import Blueprint, Response, jsonify
 
 from ..admission import Ticket
@@ -73,6 +75,7 @@ class Turn:
     delta: list[Message]  # what this turn adds to the stored chain
     instructions: str | None  # effective (inherited on continuations)
     owner: str  # the client's domain: who may read and continue it
+    chain: list[StoredResponse] = field(default_factory=list)  # the turns it continues
 
 
 @dataclass
@@ -162,7 +165,10 @@ async def produce_events(
             await _fail(run, assembler, SHUTDOWN_MESSAGE, "server_shutting_down", keep_unfinished)
             return
         await assembler.complete(result)
-        if await persist(run.turn, response) and not keep_unfinished:
+        # A background turn is stored whatever happens to its job now.
+        with trio.CancelScope(shield=keep_unfinished):
+            stored = await persist(run.turn, response)
+        if stored and not keep_unfinished:
             take_back_unless(delivered, response.id)
         await assembler.announce()
     except ApiError as exc:
@@ -180,7 +186,8 @@ async def _fail(
     """End the stream with ``response.failed`` (stored first when ``keep``)."""
     await assembler.mark_failed(message, code)
     if keep:
-        await persist(run.turn, run.response)
+        with trio.CancelScope(shield=True):
+            await persist(run.turn, run.response)
     await assembler.announce()
 
 
@@ -218,6 +225,7 @@ async def prepare(
     # A continuation must answer its parent's calls; a parent without output
     # (a warm-up) has none, and what follows it is checked as a history is.
     continuation = False
+    chain: list[StoredResponse] = []
     if request.previous_response_id is not None:
         chain = await _chain_ending_at(request.previous_response_id, recall)
         prior = reconstruct(chain)
@@ -249,7 +257,7 @@ async def prepare(
     conversation = Conversation(
         messages, offered_tools(request), request.thinking, required_tool(request)
     )
-    return Turn(request, engine, conversation, delta, instructions, client_domain())
+    return Turn(request, engine, conversation, delta, instructions, client_domain(), chain)
 
 
 def _open_store(purpose: str, unconfigured: ApiError) -> ResponseStore:
@@ -270,13 +278,26 @@ def _open_store(purpose: str, unconfigured: ApiError) -> ResponseStore:
 
 
 async def _chain_ending_at(response_id: str, recall: Recall | None) -> list[StoredResponse]:
-    if recall is not None:
-        chain = recall(response_id)
-        if chain is not None:
-            return chain
-        if not services().store_configured:
+    """The chain to continue; a 400 if its last response has not finished
+    (a background response still running) or did not succeed."""
+    chain = recall(response_id) if recall is not None else None
+    if chain is None:
+        if recall is not None and not services().store_configured:
             raise previous_not_found(response_id)
-    return await _load_chain(response_id)
+        chain = await _load_chain(response_id)
+    status = chain[-1].response.get("status")
+    if status not in ("completed", "incomplete"):
+        still = status in ("queued", "in_progress")
+        raise invalid_request(
+            f'previous response "{response_id}" '
+            + (
+                "has not finished yet: wait for it"
+                if still
+                else f"ended {status}: it cannot be continued"
+            ),
+            "previous_response_id",
+        )
+    return chain
 
 
 def previous_not_found(response_id: str) -> ApiError:
@@ -501,11 +522,11 @@ async def retrieve_response(response_id: str) -> Response:
             await _stored(response_id)  # 404 if it does not exist at all
             raise invalid_request(
                 "only background responses can be streamed again, while the server "
-                "still holds their events (for 10 minutes after they end)",
+                "still holds their events (for a while after they end)",
                 "stream",
             )
         return background.follow_job(job, _starting_after(request.args.get("starting_after")))
-    if job is not None and not job.done.is_set():
+    if job is not None:  # what it is now (its stored copy may lag or have failed)
         return jsonify(job.snapshot())
     return jsonify(background.orphaned((await _stored(response_id)).response))
 
@@ -530,7 +551,10 @@ async def cancel_response(response_id: str) -> Response:
 
 @blueprint.route("/v1/responses/<response_id>", methods=["DELETE"])
 async def delete_response(response_id: str) -> Response:
+    from . import responses_background as background
+
     await _stored(response_id)
+    await background.delete_job(response_id)  # its last write must not bring it back
     store = services().store
     assert store is not None
     try:

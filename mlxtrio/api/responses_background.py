@@ -18,6 +18,7 @@ stopped before finishing it; it is reported as failed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -27,11 +28,13 @@ from quart import Response, jsonify
 from ..background import Job
 from ..http.access_log import AccessRecord
 from ..http.errors import ApiError, invalid_request, not_found
-from ..http.sse import RESPONSES, EventSink, EventStream
+from ..http.sse import RESPONSES, EventSink, EventStream, last_words
 from ..http.transport import client_domain
+from ..protocol.openai_responses import ResponseError
 from ..protocol.responses_requests import ResponsesRequest
 from .deps import open_call_scope, request_nursery, services
 from .responses import (
+    Run,
     _open_store,
     begin,
     make_assembler,
@@ -39,6 +42,7 @@ from .responses import (
     produce_events,
     sse_response,
 )
+from .responses_events import ResponseAssembler
 
 log = logging.getLogger("mlxtrio.responses")
 
@@ -69,9 +73,12 @@ async def _run_job(
     request: ResponsesRequest, task_status: trio.TaskStatus[tuple[Job, dict[str, Any]]]
 ) -> None:
     """The job: prepared and stored in its own call scope (an error up to
-    there is the request's answer), then generated to its end."""
+    there is the request's answer), then generated to its end. Nothing it
+    raises afterwards may reach the server's nursery: a bug ends the job as
+    failed, stored and announced, like any other failure."""
     svc = services()
-    async with open_call_scope(AccessRecord("POST", "/v1/responses (background)")):
+    record = AccessRecord("POST", "/v1/responses (background)")
+    async with open_call_scope(record):
         run = await begin(request)
         response = run.response
         response.status = "queued"
@@ -83,20 +90,50 @@ async def _run_job(
                 code="store_unavailable",
             )
         job = Job(response.id, run.turn.owner, snapshot=response.wire)
-        svc.jobs.add(job)
-        task_status.started((job, response.wire()))
         assembler = make_assembler(run.turn, response, job.log.append)
         try:
-            with trio.CancelScope() as generation:
-                job.running_in(generation)
-                await produce_events(run, assembler, lambda: True, keep_unfinished=True)
-            if generation.cancelled_caught:
-                await assembler.mark_cancelled()
-                await persist(run.turn, response)
-                await assembler.announce()
-                log.info("background response %s cancelled by its client", response.id)
+            svc.jobs.add(job)
+            task_status.started((job, response.wire()))
+            await _generate(run, job, assembler)
+            record.status = 200
+        except Exception:
+            log.exception("background response %s failed", response.id)
+            await _end_failed(run, job)
         finally:
             job.finish()
+
+
+async def _generate(run: Run, job: Job, assembler: ResponseAssembler) -> None:
+    """Generate until done or cancelled by the client; the final state is
+    stored (shielded: a cancel that arrives while it is written does not
+    undo it) and announced."""
+    response = run.response
+    with trio.CancelScope() as generation:
+        job.running_in(generation)
+        await produce_events(run, assembler, lambda: True, keep_unfinished=True)
+    if generation.cancelled_caught and response.status not in FINISHED:
+        await assembler.mark_cancelled()
+        with trio.CancelScope(shield=True):
+            await persist(run.turn, response)
+        await assembler.announce()
+        log.info("background response %s cancelled by its client", response.id)
+
+
+async def _end_failed(run: Run, job: Job) -> None:
+    """The last resort after a bug, relying on nothing that may have failed:
+    the response is set failed and stored, and its followers get the
+    stream's last words (a terminal ``error`` event)."""
+    response = run.response
+    if response.status in FINISHED:
+        return
+    response.status = "failed"
+    response.error = ResponseError(code="server_error", message="internal server error")
+    with contextlib.suppress(Exception), trio.CancelScope(shield=True):
+        await persist(run.turn, response)
+    await job.log.append("error", last_words(len(job.log.events)))
+
+
+FINISHED = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
 
 def follow_job(job: Job, after: int) -> Response:
@@ -126,6 +163,24 @@ def live_job(response_id: str) -> Job | None:
     return job
 
 
+async def stop_job(response_id: str) -> None:
+    """Cancel the job of ``response_id`` (if this process runs it) and wait,
+    boundedly, until its final state is written."""
+    job = live_job(response_id)
+    if job is not None:
+        job.cancel()
+        with trio.move_on_after(CANCEL_WAIT):
+            await job.done.wait()
+
+
+async def delete_job(response_id: str) -> None:
+    """Stop the job of a response being deleted and forget it, so neither its
+    last write nor its kept events bring the response back."""
+    await stop_job(response_id)
+    if live_job(response_id) is not None:
+        services().jobs.forget(response_id)
+
+
 def orphaned(record: dict[str, Any]) -> dict[str, Any]:
     """A stored background response that no job here runs any more: a server
     stopped before it finished, so it never will; say so."""
@@ -147,9 +202,7 @@ async def cancel(response_id: str, stored: dict[str, Any] | None) -> Response:
     that already ended is returned unchanged (cancelling is idempotent)."""
     job = live_job(response_id)
     if job is not None:
-        job.cancel()
-        with trio.move_on_after(CANCEL_WAIT):
-            await job.done.wait()
+        await stop_job(response_id)
         return jsonify(job.snapshot())
     if stored is None:
         raise not_found(f'Response "{response_id}" not found or expired')

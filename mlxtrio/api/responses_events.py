@@ -261,11 +261,6 @@ class ResponseAssembler:
 
     # -- terminal ----------------------------------------------------------
 
-    async def finish(self, result: TurnResult, extra_usage: dict[str, Any] | None = None) -> None:
-        """:meth:`complete`, then :meth:`announce`."""
-        await self.complete(result, extra_usage)
-        await self.announce()
-
     async def complete(self, result: TurnResult, extra_usage: dict[str, Any] | None = None) -> None:
         """Close open items and finalise the response object (status, usage); the
         terminal event is not sent yet, so the caller can store the response first."""
@@ -311,11 +306,6 @@ class ResponseAssembler:
         await self._close_reasoning("incomplete")
         await self._close_message("incomplete")
         self.response.status = "cancelled"
-
-    async def fail(self, message: str, code: str = "server_error") -> None:
-        """:meth:`mark_failed`, then send response.failed."""
-        await self.mark_failed(message, code)
-        await self.announce()
 
 
 def usage_of(result: TurnResult, extra: dict[str, Any] | None = None) -> Usage:

@@ -29,15 +29,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import trio
-from pydantic_core import from_json
 from quart import Blueprint, websocket
 
 from ..http.access_log import AccessRecord
 from ..http.errors import ApiError, invalid_request, unavailable
+from ..jsontext import loads
 from ..protocol.responses_requests import ResponsesRequest
 from ..store import StoredResponse
 from .deps import open_call_scope, services
@@ -113,6 +113,7 @@ class Connection:
 
 
 KEEPALIVE = {"type": "keepalive"}
+SERVER_BUG = ApiError(500, "internal server error", "server_error")
 # Sent by newer Codex versions after each response; nothing to do.
 IGNORED_MESSAGES = frozenset({"response.processed"})
 
@@ -132,6 +133,10 @@ async def responses_socket() -> None:
             log.info("WebSocket turn refused: %s %s", exc.status, exc.message)
             connection.memory.forget()
             await connection.send(_error_event(exc))
+        except Exception:  # a bug: this turn fails, the connection goes on
+            log.exception("WebSocket turn failed")
+            connection.memory.forget()
+            await connection.send(_error_event(SERVER_BUG))
 
 
 async def _turn(body: dict[str, Any], connection: Connection) -> None:
@@ -152,13 +157,12 @@ async def _respond(body: dict[str, Any], connection: Connection) -> None:
     generate = body.pop("generate", True)
     request = parse(ResponsesRequest, body)
     run = await begin(request, memory.recall, warm_up=generate is False)
-    prior = memory.recall(request.previous_response_id or "") or []
     if generate is False:
         await _warm_up(run, connection)
     else:
         await _generate(run, connection)
     if run.response.status in ("completed", "incomplete"):
-        memory.remember([*prior, record_of(run.turn, run.response)])
+        memory.remember([*run.turn.chain, record_of(run.turn, run.response)])
     else:
         memory.forget()
 
@@ -185,6 +189,7 @@ async def _warm_up(run: Run, connection: Connection) -> None:
     it within a few tokens and the work would be lost."""
     response = run.response
     if run.turn.delta or run.turn.instructions or run.turn.request.previous_response_id:
+        run.sampling = replace(run.sampling, max_tokens=1, constraints=())
         result = await run_generation(run, make_assembler(run.turn, response).on_segment)
         if result.finish_reason == "cancelled":
             raise unavailable(SHUTDOWN_MESSAGE)
@@ -203,12 +208,14 @@ def _create_body(message: str | bytes) -> dict[str, Any] | None:
     """The create request inside a ``response.create`` message; None for a
     message that needs no answer; a 400 for anything else."""
     try:
-        body = from_json(message)
+        body = loads(message)
     except ValueError:
         raise invalid_request("the message is not valid JSON") from None
     if not isinstance(body, dict):
         raise invalid_request("a message must be a JSON object")
     kind = body.get("type")
+    if not isinstance(kind, str):
+        raise invalid_request('a message needs a string "type" (response.create)', "type")
     if kind in IGNORED_MESSAGES:
         return None
     if kind != "response.create":

@@ -84,13 +84,6 @@ class TokenTexts:
         return found
 
 
-def hermes_openings(names: list[str], leads: tuple[str, ...] = ("", "\n")) -> tuple[str, ...]:
-    """How a Hermes JSON tool call (``<tool_call>{"name": ...}``) naming one of
-    ``names`` starts after its marker; ``leads`` are what may come between the
-    marker and the JSON (models put it right after the marker or on the next line)."""
-    return CallShape(_hermes, leads).openings(names)
-
-
 def _hermes(name: str) -> tuple[str, ...]:
     # No trailing space after the colon: models emit ' {' as one token.
     return ('{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":',)

@@ -4,8 +4,9 @@ after its last event), so users can see what the server did:
     POST /v1/messages 200 model=mlxtrio-tiny prompt=3412 cached=3300 generated=57
         ttft=0.41s duration=1.20s finish=stop
 
-Routes fill in what they know through :func:`current_record`; the app's ASGI
-entry point creates the record, notes the status and writes the line.
+Routes fill in what they know through ``api.deps.access_record()``; the app's
+ASGI entry point creates the record and notes the status, and the call scope
+writes the line when the call is over.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger("mlxtrio.access")
-
-RECORD_KEY = "mlxtrio.access"
 
 
 @dataclass
@@ -57,13 +56,6 @@ def _printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def current_record(scope: dict[str, Any]) -> AccessRecord:
-    """The record of the request ``scope`` belongs to (a throwaway one outside
-    the app's entry point, e.g. in unit tests)."""
-    record = scope.get(RECORD_KEY)
-    return record if isinstance(record, AccessRecord) else AccessRecord("?", "?")
 
 
 def write(record: AccessRecord) -> None:

@@ -82,25 +82,28 @@ class Surface:
     last_words: Callable[[int], bytes]
 
 
-RESPONSES = Surface(
-    frozenset({"response.completed", "response.incomplete", "response.failed", "error"}),
-    lambda sent: frame(
-        "error",
-        {
-            "type": "error",
-            "sequence_number": sent,
+def last_words(sent: int) -> dict[str, Any]:
+    """The Responses ``error`` event that ends a stream whose producer failed
+    after ``sent`` events."""
+    return {
+        "type": "error",
+        "sequence_number": sent,
+        "code": "server_error",
+        "message": "internal server error",
+        "param": None,
+        # Open Responses nests the error; OpenAI puts it at the top: both.
+        "error": {
+            "type": "server_error",
             "code": "server_error",
             "message": "internal server error",
             "param": None,
-            # Open Responses nests the error; OpenAI puts it at the top: both.
-            "error": {
-                "type": "server_error",
-                "code": "server_error",
-                "message": "internal server error",
-                "param": None,
-            },
         },
-    ),
+    }
+
+
+RESPONSES = Surface(
+    frozenset({"response.completed", "response.incomplete", "response.failed", "error"}),
+    lambda sent: frame("error", last_words(sent)),
 )
 MESSAGES = Surface(
     frozenset({"message_stop", "error"}),
