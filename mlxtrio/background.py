@@ -108,6 +108,9 @@ class JobRegistry:
         self._prune()
         return self._jobs.get(job_id)
 
+    def running(self) -> list[Job]:
+        return [job for job in self._jobs.values() if job.finished_at is None]
+
     def forget(self, job_id: str) -> None:
         """Drop a job (its response was deleted); no-op if unknown."""
         self._jobs.pop(job_id, None)

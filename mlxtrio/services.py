@@ -183,6 +183,10 @@ class Services:
         async with trio.open_nursery() as nursery:
             for engine in self.registry:
                 nursery.start_soon(engine.drain, grace)
+        # Background jobs whose generation just ended still store how it ended.
+        with trio.move_on_after(self.settings.store_write_timeout + 1):
+            for job in self.jobs.running():
+                await job.done.wait()
 
     async def stop(self) -> None:
         async with trio.open_nursery() as nursery:

@@ -161,3 +161,20 @@ async def test_a_failing_job_ends_failed_and_the_server_goes_on(
         second = await client.responses.create(model=SCRIPTED, input="Hi!", background=True)
         done = await _poll(client, second.id, {"completed"})
     assert done.output_text == "Hello world."  # type: ignore[attr-defined]
+
+
+async def test_a_job_waiting_for_a_slot_reads_queued(server_factory, scripted_model_path) -> None:
+    """in_progress is announced when the job is admitted, not when it starts."""
+    server = await server_factory(model=scripted_model_path, model_name=SCRIPTED, capacity=1)
+    engine = server.engine
+    async with sdk(server) as client:
+        hog = await client.responses.create(
+            model=SCRIPTED, input="LOOP forever", background=True, max_output_tokens=4000
+        )
+        await wait_until(lambda: engine.active_sequences == 1, what="slot taken")
+        waiting = await client.responses.create(model=SCRIPTED, input="Hi!", background=True)
+        await trio.sleep(0.3)
+        assert (await client.responses.retrieve(waiting.id)).status == "queued"
+        await client.responses.cancel(hog.id)
+        done = await _poll(client, waiting.id, {"completed"})
+    assert done.output_text == "Hello world."  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,8 +197,10 @@ async def generate(
     on_segment: OnSegment,
     cache: CacheLookup,
     stop_sequences: list[str] | None = None,
+    on_admitted: Callable[[], Awaitable[None]] | None = None,
 ) -> TurnResult:
-    """Run the turn, releasing the admission slot as soon as it is done."""
+    """Run the turn, releasing the admission slot as soon as it is done
+    (``on_admitted``: called once the slot is granted)."""
     tools: list[dict[str, Any]] | None = [t.template_dict() for t in conversation.tools] or None
     try:
         result = await run_turn(
@@ -210,6 +213,7 @@ async def generate(
             stop_sequences,
             cache.match,
             cache.domain,
+            on_admitted,
         )
     except EngineUnavailable as exc:
         raise unavailable(f"Generation could not start: {exc}; retry shortly") from None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -133,10 +133,19 @@ async def create_response() -> Response:
     return out
 
 
-async def run_generation(run: Run, on_segment: OnSegment) -> TurnResult:
+async def run_generation(
+    run: Run, on_segment: OnSegment, on_admitted: Callable[[], Awaitable[None]] | None = None
+) -> TurnResult:
     turn = run.turn
     return await generate(
-        turn.engine, run.ticket, run.prompt, run.sampling, turn.conversation, on_segment, run.cache
+        turn.engine,
+        run.ticket,
+        run.prompt,
+        run.sampling,
+        turn.conversation,
+        on_segment,
+        run.cache,
+        on_admitted=on_admitted,
     )
 
 
@@ -160,7 +169,7 @@ async def produce_events(
     response = run.response
     try:
         await assembler.start()
-        result = await run_generation(run, assembler.on_segment)
+        result = await run_generation(run, assembler.on_segment, assembler.admitted)
         if result.finish_reason == "cancelled":  # only the server cancels a live stream
             await _fail(run, assembler, SHUTDOWN_MESSAGE, "server_shutting_down", keep_unfinished)
             return

@@ -75,14 +75,19 @@ class ResponseAssembler:
 
     async def start(self) -> None:
         """Open the stream. A queued response (background mode) announces that
-        it waits, then that it runs."""
+        it waits; :meth:`admitted` says when it runs."""
         snapshot = self.response.wire()
         await self._send("response.created", response=snapshot)
         if self.response.status == "queued":
             await self._send("response.queued", response=snapshot)
+        else:
+            await self._send("response.in_progress", response=snapshot)
+
+    async def admitted(self) -> None:
+        """The turn got its admission slot: a queued response is in progress."""
+        if self.response.status == "queued":
             self.response.status = "in_progress"
-            snapshot = self.response.wire()
-        await self._send("response.in_progress", response=snapshot)
+            await self._send("response.in_progress", response=self.response.wire())
 
     async def on_segment(self, segment: Segment) -> None:
         if segment.kind == "reasoning":

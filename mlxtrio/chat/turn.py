@@ -42,11 +42,12 @@ async def run_turn(
     stop_sequences: list[str] | None = None,
     match: Match | None = None,
     domain: str = "",
+    on_admitted: Callable[[], Awaitable[None]] | None = None,
 ) -> TurnResult:
     """Generate one turn, calling ``on_segment`` for each parsed segment in order.
 
     Waits for an admission slot first (a checkpoint: cancelling the caller while
-    queued leaves the queue with no engine work). Any exit - including
+    queued leaves the queue with no engine work), then calls ``on_admitted``. Any exit - including
     cancellation by a client disconnect - cancels the sequence in the engine.
     Raises :class:`~mlxtrio.engine.handle.EngineError` if the engine fails.
 
@@ -73,6 +74,8 @@ async def run_turn(
             await on_segment(segment)
 
     async with ticket:
+        if on_admitted is not None:
+            await on_admitted()
         async with engine.submit(prompt.tokens, sampling, match=match, domain=domain) as handle:
             async for event in handle:
                 if parser.state == "reasoning":
