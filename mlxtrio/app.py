@@ -14,7 +14,15 @@ from typing import Any
 import sniffio
 from quart_trio import QuartTrio
 
-from .api import health, messages, models, responses, responses_compact, responses_socket
+from .api import (
+    health,
+    messages,
+    models,
+    responses,
+    responses_compact,
+    responses_socket,
+    responses_stored,
+)
 from .api.deps import open_call_scope
 from .http import access_log, transport
 from .lifecycle import drain_with_hypercorn, exit_hypercorn
@@ -119,6 +127,7 @@ def create_app(settings: Settings | None = None) -> MlxtrioApp:
         responses_compact.blueprint,  # before /v1/responses/<response_id>
         responses_socket.blueprint,
         responses.blueprint,
+        responses_stored.blueprint,
         messages.blueprint,
     ):
         app.register_blueprint(blueprint)

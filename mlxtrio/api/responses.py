@@ -1,14 +1,15 @@
-"""``/v1/responses``: create (JSON or SSE), retrieve, delete, list input items.
+"""``POST /v1/responses``: a turn as JSON or SSE, and the steps every transport
+of it shares (:func:`begin`, :func:`produce_events`: SSE here, WebSocket in
+``responses_socket``, a job's event log in ``responses_background``). Stored
+responses are served by ``responses_stored``.
 
 Everything that can fail because of the request (validation, unknown model or
 previous response, tool order, context overflow, a full waiting room) is answered
 as a JSON error *before* any byte of a stream is sent.
 
-Persistence is write-ahead-then-announce: a turn's record is committed before its
-terminal event (or JSON body) goes out, so a client that continues the instant it
-sees ``response.completed`` always finds it. A store that cannot write within
-``store_write_timeout`` is logged and skipped - the client still gets its output,
-and a later continuation from it gets a clear 404. Failed, cancelled and
+Persistence is write-ahead-then-announce (``responses_persist``); a turn the
+store could not take is still delivered, and a later continuation from it gets
+a clear 404. Failed, cancelled and
 disconnected turns are never stored - except background responses, whose
 clients poll for how they ended (``responses_background``).
 """
@@ -16,13 +17,12 @@ clients poll for how they ended (``responses_background``).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
-from quart import Blueprint, Response, jsonify
+from quart import Blueprint, Response
 
 from ..admission import Ticket
 from ..chat.chain import check_delta, drop_echoed_calls, outstanding_calls, reconstruct
@@ -34,19 +34,16 @@ from ..chat.turn import OnSegment, TurnResult
 from ..engine.engine import Engine
 from ..engine.types import SamplingParams
 from ..http.delivery import tracked_json
-from ..http.errors import ApiError, invalid_request, not_found, unavailable
+from ..http.errors import ApiError, invalid_request, unavailable
 from ..http.sse import CLIENT_GONE, RESPONSES, SSE_HEADERS, EventSink, EventStream
 from ..http.transport import client_domain, read_json_body
 from ..protocol.openai_responses import (
     ResponseObject,
     TextConfig,
-    input_item_resources,
-    new_id,
 )
-from ..protocol.responses_items import InputItem
 from ..protocol.responses_requests import FunctionTool, ResponsesRequest, Tool
-from ..store import ResponseStore, StoredResponse, StoreError, StoreUnavailable
-from .deps import on_request_end, request_nursery, resolve_engine, services
+from ..store import StoredResponse, StoreError
+from .deps import request_nursery, resolve_engine, services
 from .generation import (
     SHUTDOWN_MESSAGE,
     CacheLookup,
@@ -58,6 +55,7 @@ from .generation import (
     tool_call_constraints,
 )
 from .responses_events import ResponseAssembler
+from .responses_persist import open_store, persist, store_failure, take_back_unless
 from .validation import conversation_errors, parse
 
 log = logging.getLogger("mlxtrio.responses")
@@ -269,23 +267,6 @@ async def prepare(
     return Turn(request, engine, conversation, delta, instructions, client_domain(), chain)
 
 
-def _open_store(purpose: str, unconfigured: ApiError) -> ResponseStore:
-    """The response store; ``unconfigured`` when the server has none, a 503
-    when it has one that is not open (yet: it is retried in the background)."""
-    svc = services()
-    if svc.store is not None:
-        return svc.store
-    if svc.store_configured:
-        raise ApiError(
-            503,
-            f"{purpose}: the response store is unavailable; retry later",
-            "server_error",
-            code="store_unavailable",
-            headers={"Retry-After": "30"},
-        )
-    raise unconfigured
-
-
 async def _chain_ending_at(response_id: str, recall: Recall | None) -> list[StoredResponse]:
     """The chain to continue; a 400 if its last response has not finished
     (a background response still running) or did not succeed."""
@@ -320,7 +301,7 @@ def previous_not_found(response_id: str) -> ApiError:
 
 
 async def _load_chain(response_id: str) -> list[StoredResponse]:
-    store = _open_store(
+    store = open_store(
         f"cannot continue from response {response_id!r}",
         invalid_request(
             "previous_response_id requires a response store to be configured",
@@ -334,21 +315,6 @@ async def _load_chain(response_id: str) -> list[StoredResponse]:
     if not chain or chain[-1].owner != client_domain():  # another key's: as if absent
         raise previous_not_found(response_id)
     return chain
-
-
-def store_failure(exc: StoreError, doing: str) -> ApiError:
-    """A clear 503 for a store that failed a read or a delete: the message says
-    what failed, never how (the details, password-free, go to the log). Only a
-    store that is down or busy is worth a retry."""
-    log.error("%s: %s (%s)", doing, exc, exc.detail)
-    retry = isinstance(exc, StoreUnavailable)
-    return ApiError(
-        503,
-        f"{doing[0].upper()}{doing[1:]}: {exc}" + ("; retry later" if retry else ""),
-        "server_error",
-        code="store_unavailable",
-        headers={"Retry-After": "5"} if retry else None,
-    )
 
 
 def initial_response(turn: Turn, sampling: SamplingParams) -> ResponseObject:
@@ -398,84 +364,6 @@ def make_assembler(turn: Turn, response: ResponseObject, emit: Any = None) -> Re
     return ResponseAssembler(response, emit, custom_tools=turn.request.custom_tool_names, seal=seal)
 
 
-async def persist(turn: Turn, response: ResponseObject) -> bool:
-    """Commit the turn before it is announced; never fail the client over it.
-    Returns whether it was stored. A store that cannot write within
-    ``store_write_timeout`` leaves nothing behind (the store guarantees it)."""
-    svc = services()
-    if svc.store is None or turn.request.store is False:
-        return False
-    record = record_of(turn, response)
-    try:
-        await svc.store.put(record, lock_wait=svc.settings.store_write_timeout)
-    except StoreError as exc:
-        log.error(
-            "could not store response %s (the client still gets it): %s (%s)",
-            response.id,
-            exc,
-            exc.detail,
-        )
-        return False
-    return True
-
-
-def record_of(turn: Turn, response: ResponseObject) -> StoredResponse:
-    """The turn as the store keeps it (and as a WebSocket remembers it)."""
-    svc = services()
-    retention = turn.request.retention_seconds or svc.settings.response_retention
-    return StoredResponse(
-        id=response.id,
-        previous_response_id=turn.request.previous_response_id,
-        created_at=response.created_at,
-        expires_at=int(time.time()) + retention,
-        model=turn.request.model,
-        status=response.status,
-        instructions=turn.instructions,
-        input_messages=[m.to_json() for m in turn.delta],
-        input_items=input_items(turn.request.items),
-        response=response.wire(),
-        owner=turn.owner,
-    )
-
-
-def take_back_unless(delivered: Callable[[], bool], response_id: str) -> None:
-    """When the request ends, delete the stored turn unless ``delivered()``: a
-    client that left before the terminal event never saw the turn complete."""
-    svc = services()  # the check runs after the request context is gone
-    store = svc.store
-    assert store is not None
-
-    def check() -> None:
-        if not delivered():
-            svc.spawn(_take_back, store, response_id)
-
-    on_request_end(check)
-
-
-async def _take_back(store: ResponseStore, response_id: str) -> None:
-    try:
-        if await store.discard(response_id):
-            log.info("response %s was not delivered (the client left); not kept", response_id)
-    except StoreError as exc:
-        log.error("could not take back undelivered response %s: %s", response_id, exc.detail)
-
-
-def input_items(items: list[InputItem]) -> list[dict[str, Any]]:
-    """The request's input items as the input_items endpoint lists them (with ids)."""
-    out = []
-    for model in items:
-        item = model.wire()
-        item.setdefault("type", "message")
-        if item["type"] == "message" and isinstance(item.get("content"), str):
-            part = "output_text" if item.get("role") == "assistant" else "input_text"
-            item["content"] = [{"type": part, "text": item["content"]}]
-        if item["type"] == "message":
-            item.setdefault("status", "completed")
-        item.setdefault("id", new_id("msg" if item["type"] == "message" else "item"))
-        out.append(item)
-    return out
-
-
 def stream_response(run: Run) -> Response:
     """The run as an SSE response; the producer lives in the call's nursery."""
     settings = services().settings
@@ -498,104 +386,3 @@ def sse_response(stream: EventStream, headers: dict[str, str]) -> Response:
     out = Response(stream.body(), status=200, headers={**SSE_HEADERS, **headers})
     out.timeout = None  # our drain deadline replaces Quart's 60 s response timeout
     return out
-
-
-# -- retrieval ------------------------------------------------------------------
-
-
-async def _stored(response_id: str) -> StoredResponse:
-    store = _open_store(
-        f"cannot read response {response_id!r}",
-        not_found(f'Response "{response_id}" not found: no response store is configured'),
-    )
-    try:
-        record = await store.get(response_id)
-    except StoreError as exc:
-        raise store_failure(exc, f"cannot read response {response_id!r}") from None
-    if record is None or record.owner != client_domain():  # another key's: as if absent
-        raise not_found(f'Response "{response_id}" not found or expired')
-    return record
-
-
-@blueprint.route("/v1/responses/<response_id>", methods=["GET"])
-async def retrieve_response(response_id: str) -> Response:
-    """The stored response; a running background response as it stands now,
-    or, with ``stream=true``, its events after ``starting_after``."""
-    from quart import request
-
-    from . import responses_background as background
-
-    job = background.live_job(response_id)
-    if request.args.get("stream", "false").lower() == "true":
-        if job is None:
-            await _stored(response_id)  # 404 if it does not exist at all
-            raise invalid_request(
-                "only background responses can be streamed again, while the server "
-                "still holds their events (for a while after they end)",
-                "stream",
-            )
-        return background.follow_job(job, _starting_after(request.args.get("starting_after")))
-    if job is not None:  # what it is now (its stored copy may lag or have failed)
-        return jsonify(job.snapshot())
-    return jsonify(background.orphaned((await _stored(response_id)).response))
-
-
-def _starting_after(value: str | None) -> int:
-    if value is None:
-        return -1
-    try:
-        return max(-1, int(value))
-    except ValueError:
-        raise invalid_request("starting_after must be an integer", "starting_after") from None
-
-
-@blueprint.route("/v1/responses/<response_id>/cancel", methods=["POST"])
-async def cancel_response(response_id: str) -> Response:
-    from . import responses_background as background
-
-    job = background.live_job(response_id)
-    stored = None if job is not None else (await _stored(response_id)).response
-    return await background.cancel(response_id, stored)
-
-
-@blueprint.route("/v1/responses/<response_id>", methods=["DELETE"])
-async def delete_response(response_id: str) -> Response:
-    from . import responses_background as background
-
-    await _stored(response_id)
-    await background.delete_job(response_id)  # its last write must not bring it back
-    store = services().store
-    assert store is not None
-    try:
-        await store.delete(response_id)
-    except StoreError as exc:
-        raise store_failure(exc, f"cannot delete response {response_id!r}") from None
-    return jsonify({"id": response_id, "object": "response.deleted", "deleted": True})
-
-
-@blueprint.route("/v1/responses/<response_id>/input_items", methods=["GET"])
-async def list_input_items(response_id: str) -> Response:
-    from quart import request
-
-    record = await _stored(response_id)
-    items = input_item_resources(list(record.input_items))
-    if request.args.get("order", "desc") == "desc":
-        items.reverse()
-    after = request.args.get("after")
-    if after:
-        ids = [i.get("id") for i in items]
-        items = items[ids.index(after) + 1 :] if after in ids else []
-    try:
-        limit = max(1, min(100, int(request.args.get("limit", 20))))
-    except ValueError:
-        raise invalid_request("limit must be an integer between 1 and 100", "limit") from None
-    page = items[:limit]
-    return jsonify(
-        {
-            "object": "list",
-            "data": page,
-            "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None,
-            "has_more": len(items) > limit,
-        }
-    )

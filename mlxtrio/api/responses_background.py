@@ -35,14 +35,13 @@ from ..protocol.responses_requests import ResponsesRequest
 from .deps import open_call_scope, request_nursery, services
 from .responses import (
     Run,
-    _open_store,
     begin,
     make_assembler,
-    persist,
     produce_events,
     sse_response,
 )
 from .responses_events import ResponseAssembler
+from .responses_persist import open_store, persist
 
 log = logging.getLogger("mlxtrio.responses")
 
@@ -59,7 +58,7 @@ async def start_background(request: ResponsesRequest) -> Response:
             "set store to true (or omit it)",
             "store",
         )
-    _open_store(
+    open_store(
         "cannot start a background response",
         invalid_request("background mode requires a response store to be configured", "background"),
     )

@@ -46,12 +46,11 @@ from .responses import (
     Run,
     begin,
     make_assembler,
-    persist,
     produce_events,
-    record_of,
     run_generation,
 )
 from .responses_events import usage_of
+from .responses_persist import persist, record_of
 from .validation import parse
 
 log = logging.getLogger("mlxtrio.responses")
