@@ -169,3 +169,27 @@ async def test_required_tool_choice_opens_a_call_the_model_would_not_make(
     assert forced["status"] == "completed"
     assert [(i["type"], i["name"]) for i in forced["output"]] == [("function_call", "get_weather")]
     assert json.loads(forced["output"][0]["arguments"]) == {"city": "Paris"}
+
+
+async def test_additional_tools_items_offer_their_tools(scripted: Server) -> None:
+    """Codex sends its tools to its own models as an ``additional_tools`` input
+    item: they are offered like the request's ``tools``."""
+    weather = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    async with scripted.client() as client:
+        r = await client.post(
+            "/v1/responses",
+            json={
+                "model": SCRIPTED,
+                "input": [
+                    {"type": "additional_tools", "role": "developer", "tools": [weather]},
+                    {"role": "user", "content": "Weather?"},
+                ],
+            },
+        )
+    assert r.status_code == 200, r.text
+    calls = [i for i in r.json()["output"] if i["type"] == "function_call"]
+    assert [c["name"] for c in calls] == ["get_weather"]

@@ -41,7 +41,8 @@ from ..protocol.openai_responses import (
     ResponseObject,
     TextConfig,
 )
-from ..protocol.responses_requests import FunctionTool, ResponsesRequest, Tool
+from ..protocol.responses_requests import ResponsesRequest
+from ..protocol.responses_tools import FunctionTool, Tool
 from ..store import StoredResponse, StoreError
 from .deps import request_nursery, resolve_engine, services
 from .generation import (

@@ -24,14 +24,8 @@ from ..protocol.responses_items import (
     RefusalPart,
     ToolOutputItem,
 )
-from ..protocol.responses_requests import (
-    CustomTool,
-    FunctionTool,
-    GrammarFormat,
-    NamedToolChoice,
-    NamespaceTool,
-    ResponsesRequest,
-)
+from ..protocol.responses_requests import NamedToolChoice, ResponsesRequest
+from ..protocol.responses_tools import CustomTool, FunctionTool, GrammarFormat, NamespaceTool
 from .conversation import Message, ToolCall, ToolRequirement, ToolSpec
 from .errors import ConversationError
 
@@ -73,7 +67,9 @@ def offered_tools(request: ResponsesRequest) -> list[ToolSpec]:
     if choice == "none":
         return []
     specs: list[ToolSpec] = []
-    for tool in request.tools:
+    # Tools an additional_tools input item makes available from that point
+    # on: chat templates list tools once, so they join the request's.
+    for tool in [*request.tools, *request.added_tools]:
         members = tool.tools if isinstance(tool, NamespaceTool) else [tool]
         for member in members:
             if isinstance(member, FunctionTool):

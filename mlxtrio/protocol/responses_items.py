@@ -24,6 +24,7 @@ from .fields import (
     shape,
     variant,
 )
+from .responses_tools import Tool
 
 # -- content parts -----------------------------------------------------------------
 
@@ -123,6 +124,16 @@ class CompactionItem(RequestModel):
     id: str | None = None
 
 
+class AdditionalToolsItem(RequestModel):
+    """Tools made available from this point of the conversation on (Codex
+    sends its tools this way to its own models)."""
+
+    type: Literal["additional_tools"]
+    role: Literal["developer"] = "developer"
+    tools: list[Tool]
+    id: str | None = None
+
+
 class PassiveItem(RequestModel):
     """References and server-side tool records: nothing for the model to read."""
 
@@ -137,6 +148,7 @@ InputItem = Annotated[
     | Annotated[ToolOutputItem, variant("type", "function_call_output")]
     | Annotated[ToolOutputItem, variant("type", "custom_tool_call_output")]
     | Annotated[CompactionItem, variant("type", "compaction")]
+    | Annotated[AdditionalToolsItem, variant("type", "additional_tools")]
     | Annotated[PassiveItem, variant("type", "item_reference")]
     | Annotated[PassiveItem, variant("type", "web_search_call")]
     | Annotated[PassiveItem, variant("type", "tool_search_call")]

@@ -31,80 +31,19 @@ from .fields import (
     shape,
     variant,
 )
-from .responses_items import InputItem, MessageItem
+from .responses_items import AdditionalToolsItem, InputItem, MessageItem
+from .responses_tools import (
+    CustomTool,
+    NamespaceTool,
+    TextFormat,
+    Tool,
+)
 
 # What the engine does when a request leaves a sampling field out (echoed on the
 # Response object, which must carry the values actually used).
 DEFAULT_TEMPERATURE = 0.0  # greedy
 DEFAULT_TOP_P = 1.0
 DEFAULT_PENALTY = 0.0
-
-# -- tools ---------------------------------------------------------------------------
-
-
-class FunctionTool(RequestModel):
-    type: Literal["function"]
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class TextFormat(RequestModel):
-    type: Literal["text"]
-
-
-class GrammarFormat(RequestModel):
-    type: Literal["grammar"]
-    syntax: str
-    definition: str
-
-
-class CustomTool(RequestModel):
-    """A freeform tool (Codex's ``apply_patch``): the model writes raw text."""
-
-    type: Literal["custom"]
-    name: str
-    description: str | None = None
-    format: (
-        Annotated[
-            Annotated[TextFormat, variant("type", "text")]
-            | Annotated[GrammarFormat, variant("type", "grammar")],
-            dispatch("type"),
-        ]
-        | None
-    ) = None
-
-
-class NamespaceTool(RequestModel):
-    """A named group of tools (Codex's ``multi_agent_v1``)."""
-
-    type: Literal["namespace"]
-    name: str
-    description: str | None = None
-    tools: list[
-        Annotated[
-            Annotated[FunctionTool, variant("type", "function")]
-            | Annotated[CustomTool, variant("type", "custom")],
-            dispatch("type"),
-        ]
-    ]
-
-
-class HostedTool(RequestModel):
-    """Any other tool type: run by a hosted provider, ignored here."""
-
-    type: str
-
-
-_OFFERABLE = ("function", "custom", "namespace")
-Tool = Annotated[
-    Annotated[FunctionTool, variant("type", "function")]
-    | Annotated[CustomTool, variant("type", "custom")]
-    | Annotated[NamespaceTool, variant("type", "namespace")]
-    | Annotated[HostedTool, variant("type", "hosted")],
-    dispatch("type", known=_OFFERABLE, fallback="hosted"),
-]
 
 
 class NamedToolChoice(RequestModel):
@@ -229,8 +168,14 @@ class ResponsesRequest(RequestModel):
     @property
     def custom_tool_names(self) -> set[str]:
         """Freeform tools, whose calls come back as ``custom_tool_call`` items."""
-        inner = [t for n in self.tools if isinstance(n, NamespaceTool) for t in n.tools]
-        return {t.name for t in [*self.tools, *inner] if isinstance(t, CustomTool)}
+        tools = [*self.tools, *self.added_tools]
+        inner = [t for n in tools if isinstance(n, NamespaceTool) for t in n.tools]
+        return {t.name for t in [*tools, *inner] if isinstance(t, CustomTool)}
+
+    @property
+    def added_tools(self) -> list[Tool]:
+        """Tools that ``additional_tools`` input items make available."""
+        return [t for i in self.items if isinstance(i, AdditionalToolsItem) for t in i.tools]
 
     @property
     def retention_seconds(self) -> int | None:
