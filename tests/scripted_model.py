@@ -17,6 +17,7 @@ most tests use, whose template picks:
 * ``<|s_tools2|>`` -> two tool calls in one turn, EOS
 * ``<|s_after|>``  -> (after a tool result) ``It is sunny.`` EOS
 * ``<|s_think_tool|>`` -> (tools + thinking) reasoning, text, then a call, EOS
+* ``<|s_think_only|>`` -> (thinking, ``ONLY`` in the last message) reasoning, EOS
 * ``<|s_patch|>``  -> (an ``apply_patch`` tool offered) text, then a freeform patch call
 * ``<|s_stray|>``  -> (no tools offered, ``STRAY`` in the last message) the
   ``<|s_tool|>`` call; its second choice, should the tool-call marker be
@@ -71,6 +72,8 @@ CHAINS: dict[str, list[str]] = {
     ],
     "<|s_patch|>": ["Patching", " now.", PATCH_CALL],
     "<|s_stray|>": ["<tool_call>", WEATHER_CALL, "</tool_call>"],
+    # Ends its turn inside its reasoning: the answer is in there.
+    "<|s_think_only|>": ["Meet", " at ten."],
 }
 LOOP_TOKEN = " la"
 SELECTORS = [*CHAINS, "<|s_loop|>"]
@@ -90,6 +93,8 @@ _SELECT = (
     "{%- elif messages and messages[-1].role == 'tool' -%}{{- '<|s_after|>' -}}"
     "{%- elif tools and messages and 'TWO' in (messages[-1].content or '') -%}{{- '<|s_tools2|>' -}}"
     "{%- elif tools and 'apply_patch' in (tools | tojson) -%}{{- '<|s_patch|>' -}}"
+    "{%- elif enable_thinking is defined and enable_thinking and messages"
+    " and 'ONLY' in (messages[-1].content or '') -%}{{- '<|s_think_only|>' -}}"
     "{%- elif tools and enable_thinking is defined and enable_thinking -%}{{- '<|s_think_tool|>' -}}"
     "{%- elif tools -%}{{- '<|s_tool|>' -}}"
     "{%- elif enable_thinking is defined and enable_thinking -%}{{- '<|s_think|>' -}}"

@@ -282,13 +282,14 @@ async def test_claude_code_replays_give_valid_streams(scripted: Server, path: st
     toolcall = await post_stream(scripted, agent_fixtures.claude_toolcall("claude-opus-4-1"), path)
     check_stream_grammar(toolcall)
     # thinking is on (adaptive) and the scripted answer after a tool result never
-    # closes <think>, so it arrives as a thinking block.
+    # closes <think>: it arrives as a thinking block, and as the answer's text.
     blocks = [d["content_block"]["type"] for n, d in toolcall if n == "content_block_start"]
-    assert blocks == ["thinking"]
+    assert blocks == ["thinking", "text"]
     thought = "".join(
         d["delta"].get("thinking", "") for n, d in toolcall if n == "content_block_delta"
     )
-    assert thought == "It is sunny."
+    text = "".join(d["delta"].get("text", "") for n, d in toolcall if n == "content_block_delta")
+    assert thought == text == "It is sunny."
     assert any(
         d["delta"]["type"] == "signature_delta" for n, d in toolcall if n == "content_block_delta"
     )
@@ -579,3 +580,25 @@ async def test_ping_keepalive_while_queued(server_factory, scripted_model_path) 
     await holder.close()
     raw = await waiter.read_until(b"event: message_stop")
     await waiter.close()
+
+
+async def test_a_turn_that_ends_inside_its_reasoning_answers_with_it(scripted: Server) -> None:
+    """Never a turn with nothing visible: reasoning the model never closed is
+    its answer (Claude Code drops a compaction reply without a text block)."""
+    body = {
+        "model": SCRIPTED,
+        "max_tokens": 200,
+        "thinking": {"type": "enabled", "budget_tokens": 100},
+        "messages": [{"role": "user", "content": "ONLY think"}],
+    }
+    async with anthropic.AsyncAnthropic(
+        base_url=scripted.url, api_key="unused", max_retries=0
+    ) as client:
+        message = await client.messages.create(**body)
+        async with client.messages.stream(**body) as stream:
+            streamed = await stream.get_final_message()
+    for reply in (message, streamed):
+        kinds = [block.type for block in reply.content]
+        assert kinds == ["thinking", "text"], kinds
+        assert reply.content[0].thinking == reply.content[1].text == "Meet at ten."
+        assert reply.stop_reason == "end_turn"

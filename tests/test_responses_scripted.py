@@ -193,3 +193,15 @@ async def test_additional_tools_items_offer_their_tools(scripted: Server) -> Non
     assert r.status_code == 200, r.text
     calls = [i for i in r.json()["output"] if i["type"] == "function_call"]
     assert [c["name"] for c in calls] == ["get_weather"]
+
+
+async def test_a_turn_that_ends_inside_its_reasoning_answers_with_it(scripted: Server) -> None:
+    async with scripted.client() as client:
+        r = await client.post(
+            "/v1/responses",
+            json={"model": SCRIPTED, "input": "ONLY think", "reasoning": {"effort": "medium"}},
+        )
+    body = r.json()
+    assert [i["type"] for i in body["output"]] == ["reasoning", "message"]
+    assert body["output_text"] == "Meet at ten."
+    assert body["status"] == "completed"

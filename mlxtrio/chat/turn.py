@@ -89,10 +89,24 @@ async def run_turn(
                         pass
                     break
             else:
+                ended_in_reasoning = parser.state == "reasoning"
                 await emit(parser.finish())
                 await emit([Segment("text", stops.flush())] if stops.stops else [])
+                if ended_in_reasoning and handle.finish_reason == "stop":
+                    await emit(_answer_from_reasoning(result))
             result.stats = handle.stats
             result.finish_reason = handle.finish_reason or "stop"
     if stops.matched is not None:
         result.finish_reason, result.stop_sequence = "stop_sequence", stops.matched
     return result
+
+
+def _answer_from_reasoning(result: TurnResult) -> list[Segment]:
+    """A model that ended its turn inside its reasoning, having written no
+    answer and called nothing, put its answer there: send it as the answer
+    too, so the client never gets a turn with nothing visible (Claude Code
+    discards a compaction without a text block, and nudges an empty turn).
+    Reasoning cut off by the output limit is not an answer; it is left alone."""
+    if result.text.strip() or result.tool_calls or not result.reasoning.strip():
+        return []
+    return [Segment("text", result.reasoning.strip())]
