@@ -35,7 +35,7 @@ from ..engine.engine import Engine
 from ..engine.types import SamplingParams
 from ..http.delivery import tracked_json
 from ..http.errors import ApiError, invalid_request, unavailable
-from ..http.sse import CLIENT_GONE, RESPONSES, SSE_HEADERS, EventSink, EventStream
+from ..http.sse import CLIENT_GONE, RESPONSES, SSE_HEADERS, EventSink, EventStream, Producer
 from ..http.transport import client_domain, read_json_body
 from ..protocol.openai_responses import (
     ResponseObject,
@@ -367,20 +367,25 @@ def make_assembler(turn: Turn, response: ResponseObject, emit: Any = None) -> Re
 
 def stream_response(run: Run) -> Response:
     """The run as an SSE response; the producer lives in the call's nursery."""
-    settings = services().settings
 
     async def produce(sink: EventSink) -> None:
         assembler = make_assembler(run.turn, run.response, sink.send)
         await produce_events(run, assembler, lambda: stream.delivered)
 
-    stream = EventStream(
+    stream = responses_stream(produce)
+    return sse_response(stream, run.cache.headers())
+
+
+def responses_stream(produce: Producer) -> EventStream:
+    """A Responses event stream run by ``produce`` in the call's nursery."""
+    settings = services().settings
+    return EventStream(
         request_nursery(),
         produce,
         RESPONSES,
         keepalive=settings.sse_keepalive,
         drain_timeout=settings.sse_drain_timeout,
     )
-    return sse_response(stream, run.cache.headers())
 
 
 def sse_response(stream: EventStream, headers: dict[str, str]) -> Response:

@@ -28,16 +28,17 @@ from quart import Response, jsonify
 from ..background import Job
 from ..http.access_log import AccessRecord
 from ..http.errors import ApiError, invalid_request, not_found
-from ..http.sse import RESPONSES, EventSink, EventStream, last_words
+from ..http.sse import EventSink, last_words
 from ..http.transport import client_domain
 from ..protocol.openai_responses import ResponseError
 from ..protocol.responses_requests import ResponsesRequest
-from .deps import open_call_scope, request_nursery, services
+from .deps import open_call_scope, services
 from .responses import (
     Run,
     begin,
     make_assembler,
     produce_events,
+    responses_stream,
     sse_response,
 )
 from .responses_events import ResponseAssembler
@@ -138,20 +139,12 @@ FINISHED = frozenset({"completed", "incomplete", "failed", "cancelled"})
 def follow_job(job: Job, after: int) -> Response:
     """The job's events after sequence number ``after`` as an SSE stream;
     the client leaving ends only this stream."""
-    settings = services().settings
 
     async def produce(sink: EventSink) -> None:
         async for event, data in job.log.follow(after + 1):
             await sink.send(event, data)
 
-    stream = EventStream(
-        request_nursery(),
-        produce,
-        RESPONSES,
-        keepalive=settings.sse_keepalive,
-        drain_timeout=settings.sse_drain_timeout,
-    )
-    return sse_response(stream, {})
+    return sse_response(responses_stream(produce), {})
 
 
 def live_job(response_id: str) -> Job | None:

@@ -5,6 +5,7 @@ right envelope - never a stack trace, never a 5xx for a client's mistake."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from quart import Quart, Response, g, has_request_context, has_websocket_context, request
 from quart import websocket as websocket_context
@@ -58,14 +59,20 @@ def install(app: Quart, api_key: str, cors_origins: str = "", allowed_hosts: str
     # "/v1//responses" is a client bug to report, not a redirect to follow.
     app.url_map.merge_slashes = False
 
-    @app.before_request
-    async def _guard() -> Response | None:
-        refusal = hosts.check(request.headers.get("Host"), request.scope.get("server"))
-        origin = request.headers.get("Origin")
+    def _foreign(headers: Any, scope: Any) -> ApiError | None:
+        """A refusal for a foreign Host (DNS rebinding) or Origin, else None."""
+        refusal = hosts.check(headers.get("Host"), scope.get("server"))
+        origin = headers.get("Origin")
         if refusal is None and origin is not None and not origins.allows(origin):
             refusal = origins.refusal(origin)
+        return refusal
+
+    @app.before_request
+    async def _guard() -> Response | None:
+        refusal = _foreign(request.headers, request.scope)
         if refusal is not None:
             return error_response(refusal)
+        origin = request.headers.get("Origin")
         if request.method == "OPTIONS":
             allowed = (
                 origins.preflight_headers(
@@ -89,10 +96,7 @@ def install(app: Quart, api_key: str, cors_origins: str = "", allowed_hosts: str
         """The same host, origin and key checks as for requests, before the
         upgrade is accepted (a refusal is an HTTP answer to the handshake)."""
         ws = websocket_context
-        refusal = hosts.check(ws.headers.get("Host"), ws.scope.get("server"))
-        origin = ws.headers.get("Origin")
-        if refusal is None and origin is not None and not origins.allows(origin):
-            refusal = origins.refusal(origin)
+        refusal = _foreign(ws.headers, ws.scope)
         if refusal is not None:
             return error_response(refusal)
         if keys:
