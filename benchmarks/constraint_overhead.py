@@ -24,25 +24,23 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _decode import decode_tps as timed_decode  # noqa: E402
 from engine_overhead import PROMPT, random_weights_model  # noqa: E402
 
 import mlxtrio  # noqa: E402, F401  (before MLX: the server's BLAS)
 
 
 def decode_tps(model, tokenizer, prompt: list[int], batch: int, tokens: int, mode: str) -> float:
-    from mlx_lm.generate import BatchGenerator
-
-    from mlxtrio.engine.constraints import OpeningConstraint, TokenTexts, hermes_openings
+    from mlxtrio.engine.constraints import CALL_SHAPES, OpeningConstraint, TokenTexts
 
     vocab = TokenTexts.from_tokenizer(tokenizer)
-    openings = hermes_openings(["get_weather", "run_command"])
+    openings = CALL_SHAPES["json_tools"].openings(["get_weather", "run_command"])
     seen: list[list[int]] = [[] for _ in range(batch)]
     processors = None
     if mode == "noop":
@@ -52,22 +50,7 @@ def decode_tps(model, tokenizer, prompt: list[int], batch: int, tokens: int, mod
             [OpeningConstraint(openings, -1, vocab, True, (), seen[i] if mode == "host" else None)]
             for i in range(batch)
         ]
-    gen = BatchGenerator(model, max_tokens=tokens, stop_tokens=[], completion_batch_size=batch)
-    uids = gen.insert([prompt] * batch, [tokens] * batch, logits_processors=processors)
-    index = {uid: i for i, uid in enumerate(uids)}
-    count, started = 0, None
-    try:
-        while responses := gen.next_generated():
-            for r in responses:
-                seen[index[r.uid]].append(r.token)
-            if started is None:  # time decode steps only, from the first token on
-                started = time.perf_counter()
-                continue
-            count += len(responses)
-    finally:
-        gen.close()
-    assert started is not None
-    return count / (time.perf_counter() - started)
+    return timed_decode(model, prompt, batch, tokens, processors, seen)
 
 
 def main() -> None:

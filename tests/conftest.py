@@ -94,6 +94,22 @@ async def scripted(server_factory: ServerFactory, scripted_model_path: str) -> S
     return await server_factory(model=scripted_model_path, model_name=SCRIPTED)
 
 
+@pytest.fixture(scope="session")
+def family_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
+    """Tool-call family name -> its scripted model's path (see
+    ``tests/scripted_families.py``), built on first use."""
+    from .scripted_families import build_family
+
+    built: dict[str, str] = {}
+
+    def path(name: str) -> str:
+        if name not in built:
+            built[name] = str(build_family(tmp_path_factory.mktemp(name), name))
+        return built[name]
+
+    return path
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now (for servers started as processes)."""
     with socket.socket() as probe:

@@ -14,7 +14,11 @@ Every family model answers the same prompts:
 
 A token has one successor, so a marker that recurs (the second call's opening)
 is written inside a bigger piece (``</tool_call><tool_call>``): markers are
-matched on text, so the parser sees the same markup.
+matched on text, so the parser sees the same markup. In the families with a
+call grammar (``json_tools``, ``qwen3_coder``) the first call must end with the
+closing marker's own token, so the second call opens with a bigger piece
+(``\n<tool_call>``, which does not trigger the grammar) and its closing marker
+is part of its last piece.
 """
 
 from __future__ import annotations
@@ -75,23 +79,27 @@ FAMILIES: dict[str, Family] = {
     "json_tools": Family(
         "json_tools",
         ("<tool_call>", "</tool_call>"),
+        # The first call is held by the call grammar, which ends at the
+        # closing marker token; the second opens with a piece that is not the
+        # marker token, so it goes free and is parsed on text alone.
         (
             "<tool_call>",
             '{"name": "get_weather", "arguments": {"city": "Paris"}}',
-            "</tool_call>\n<tool_call>",
-            '{"name": "get_time", "arguments": {"zone": "UTC"}}',
             "</tool_call>",
+            "\n<tool_call>",
+            '{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>',
         ),
     ),
     "qwen3_coder": Family(
         "qwen3_coder",
         ("<tool_call>", "</tool_call>"),
+        # Held by the call grammar, as json_tools is.
         (
             "<tool_call>",
             "\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n",
-            "</tool_call>\n<tool_call>",
-            "\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n",
             "</tool_call>",
+            "\n<tool_call>",
+            "\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>",
         ),
     ),
     "glm47": Family(

@@ -11,7 +11,8 @@ chains, and the family's marker tokens); ``tests/scripted_families.py`` uses it
 for every tool-call family mlx-lm parses. :func:`build` writes the Hermes model
 most tests use, whose template picks:
 
-* ``<|s_plain|>``  -> ``Hello world.`` EOS
+* ``<|s_plain|>``  -> ``Hello world.`` EOS (also with tools offered, when the
+  last message says ``PLAIN``: a model that does not want to call a tool)
 * ``<|s_think|>``  -> (reasoning) ``Let me think.`` ``</think>`` ``Sure.`` EOS
 * ``<|s_tool|>``   -> ``<tool_call>{"name": "get_weather", ...}</tool_call>`` EOS
 * ``<|s_tools2|>`` -> two tool calls in one turn, EOS
@@ -91,6 +92,8 @@ _SELECT = (
     "{{- '<|s_stray|>' -}}"
     "{%- elif messages and 'LOOP' in (messages[-1].content or '') -%}{{- '<|s_loop|>' -}}"
     "{%- elif messages and messages[-1].role == 'tool' -%}{{- '<|s_after|>' -}}"
+    "{%- elif tools and messages and 'PLAIN' in (messages[-1].content or '') -%}"
+    "{{- '<|s_plain|>' -}}"
     "{%- elif tools and messages and 'TWO' in (messages[-1].content or '') -%}{{- '<|s_tools2|>' -}}"
     "{%- elif tools and 'apply_patch' in (tools | tojson) -%}{{- '<|s_patch|>' -}}"
     "{%- elif enable_thinking is defined and enable_thinking and messages"

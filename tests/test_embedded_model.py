@@ -6,10 +6,11 @@ yield a well-formed call with JSON object arguments, a tool round trip ends in a
 text answer, and reasoning comes as a reasoning item / thinking block.
 
 The weights name the right offered tool in about 93 % of held-out requests as
-served (the README's figures; the server confines every call's name to the
-offered tools), so these requests, which name the tool's family plainly, check
-which tool is called and that its required argument is there, in both tool
-orders; they do not check argument values. Agent-sized requests of real-world
+served (the README's figures). The server holds every call to an offered tool
+and its schema (the grammar engine), so every call here must validate against
+its tool's schema, forced or not; these requests, which name the tool's
+family plainly, also check which tool is called, in both tool orders; they do
+not check argument values. Agent-sized requests of real-world
 text (as Claude Code and Codex send) must stop within a few hundred tokens.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 
 import anthropic
+import jsonschema
 import openai
 import pytest
 
@@ -43,6 +45,7 @@ RUN = {
         "required": ["cmd"],
     },
 }
+SCHEMAS = {t["name"]: t["parameters"] for t in (FORECAST, RUN)}
 ANTHROPIC_TOOLS = [
     {"name": t["name"], "description": t["description"], "input_schema": t["parameters"]}
     for t in (FORECAST, RUN)
@@ -80,7 +83,7 @@ async def test_tool_request_yields_a_call_to_the_offered_tool(server: Server, to
     assert response.status == "completed"
     assert [call.name for call in calls] == [FORECAST["name"]], response.output
     arguments = json.loads(calls[0].arguments)
-    assert isinstance(arguments, dict) and "location" in arguments
+    jsonschema.validate(arguments, FORECAST["parameters"])
 
 
 async def test_tool_round_trip_ends_in_a_text_answer(server: Server) -> None:
@@ -92,7 +95,8 @@ async def test_tool_round_trip_ends_in_a_text_answer(server: Server) -> None:
             max_output_tokens=256,
         )
         call = next(item for item in first.output if item.type == "function_call")
-        assert call.name == RUN["name"] and "cmd" in json.loads(call.arguments)
+        assert call.name == RUN["name"]
+        jsonschema.validate(json.loads(call.arguments), RUN["parameters"])
         second = await client.responses.create(
             model=MODEL,
             previous_response_id=first.id,
@@ -139,7 +143,7 @@ async def test_messages_tool_use_and_thinking(server: Server) -> None:
     assert kinds[0] == "thinking" and final.content[0].thinking.strip()
     tool_uses = [block for block in final.content if block.type == "tool_use"]
     assert [block.name for block in tool_uses] == [FORECAST["name"]]
-    assert isinstance(tool_uses[0].input, dict) and "location" in tool_uses[0].input
+    jsonschema.validate(tool_uses[0].input, FORECAST["parameters"])
     assert final.stop_reason == "tool_use"
 
 
@@ -197,7 +201,7 @@ async def test_required_tool_choice_forces_a_call_on_a_plain_request(server: Ser
     assert calls, response.output
     # the server confines the required call's name to the offered tools
     assert calls[0].name in (FORECAST["name"], RUN["name"])
-    assert isinstance(json.loads(calls[0].arguments), dict)
+    jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS[calls[0].name])
 
 
 @pytest.mark.parametrize(
@@ -224,7 +228,7 @@ async def test_required_tool_choice_after_thinking_names_an_allowed_tool(
     assert reply.content[0].type == "thinking"
     tool_uses = [block for block in reply.content if block.type == "tool_use"]
     assert len(tool_uses) == 1 and tool_uses[0].name in allowed
-    assert isinstance(tool_uses[0].input, dict)
+    jsonschema.validate(tool_uses[0].input, SCHEMAS[tool_uses[0].name])
     assert reply.stop_reason == "tool_use"
 
 

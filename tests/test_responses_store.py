@@ -526,19 +526,22 @@ async def test_sealed_reasoning_round_trip(scripted: Server) -> None:
     assert readable > foreign == tampered  # only our own blob brought the reasoning back
 
 
-async def test_text_format_json_schema_is_a_clear_400(scripted: Server) -> None:
+async def test_text_format_with_a_broken_schema_is_a_clear_400(scripted: Server) -> None:
+    """Structured output is served (tests/test_constrained_decoding.py); a
+    schema the grammar engine cannot read is the request's fault."""
+    schema = {"type": "object", "properties": {"a": {"type": "strin"}}}
     async with scripted.client() as client:
         r = await client.post(
             "/v1/responses",
             json={
                 "model": SCRIPTED,
                 "input": "x",
-                "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}},
+                "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}},
             },
         )
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "text.format"
-    assert "not supported" in r.json()["error"]["message"]
+    assert "strin" in r.json()["error"]["message"]
 
 
 async def test_image_inputs(scripted: Server) -> None:

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import tinychat_data as data  # noqa: E402
 from foreign_text import ForeignText, add_foreign_context  # noqa: E402
 
+from mlxtrio.chat.prompt import ends_in_open_think  # noqa: E402
 from mlxtrio.engine.output import OutputParser  # noqa: E402
 from mlxtrio.settings import EMBEDDED_MODEL_PATH  # noqa: E402
 
@@ -68,23 +69,63 @@ def generate_all(
     return out
 
 
-def name_guard(tokenizer, tools) -> list:
-    """The server's constraint for a prompt offering ``tools``: every call it
-    opens names one of them (see ``mlxtrio.api.generation``)."""
-    from mlxtrio.engine.constraints import OpeningConstraint, TokenTexts, hermes_openings
+def served_constraints(loaded, sample: data.Sample, starts_in_reasoning: bool) -> list:
+    """The logits processors the server puts on this prompt's generation: the
+    same constraints (``mlxtrio.api.generation.output_constraints``: each call
+    held to an offered tool and its schema) through the engine's own processors."""
+    import trio
 
-    if not tools:
-        return []
-    vocab = _VOCABS.get(id(tokenizer)) or _VOCABS.setdefault(
-        id(tokenizer), TokenTexts.from_tokenizer(tokenizer)
-    )
-    openings = hermes_openings([t["function"]["name"] for t in tools])
-    (marker,) = tokenizer.encode(tokenizer.tool_call_start, add_special_tokens=False)
-    spellings = tuple(tuple(tokenizer.encode(o, add_special_tokens=False)) for o in openings)
-    return [OpeningConstraint(openings, marker, vocab, True, spellings)]
+    from mlxtrio.api.generation import output_constraints
+    from mlxtrio.chat.conversation import Conversation, Message, ToolSpec
+    from mlxtrio.chat.prompt import RenderedPrompt
+    from mlxtrio.engine.loop import constraint_processor
+
+    engine = _served_engine(loaded)
+    tools = [
+        ToolSpec(t["function"]["name"], "", t["function"].get("parameters") or {})
+        for t in sample.tools or []
+    ]
+    conversation = Conversation([Message("user", "")], tools, sample.thinking)
+    prompt = RenderedPrompt([], starts_in_reasoning)
+    constraints = trio.run(output_constraints, engine, conversation, prompt)
+    return [constraint_processor(c, loaded) for c in constraints]
 
 
-_VOCABS: dict[int, object] = {}  # TokenTexts per tokenizer: built once, it is slow
+_ENGINES: dict[int, object] = {}
+
+
+def _served_engine(loaded):
+    """What ``output_constraints`` reads of an engine, for a model loaded here."""
+    from types import SimpleNamespace
+
+    from mlxtrio.grammar.compiler import GrammarCompiler
+
+    if id(loaded) not in _ENGINES:
+        _ENGINES[id(loaded)] = SimpleNamespace(
+            name="eval",
+            tokenizer=loaded.tokenizer,
+            tool_call_token=loaded.tool_call_token,
+            tool_call_end_token=loaded.tool_call_end_token,
+            tool_call_mask_token=loaded.tool_call_mask_token,
+            grammars=GrammarCompiler(loaded.grammar_tokenizer),
+        )
+    return _ENGINES[id(loaded)]
+
+
+def _matches_schema(call, tools) -> bool:
+    """Whether ``call`` names an offered tool and its arguments validate
+    against that tool's JSON Schema."""
+    import jsonschema
+
+    for tool in tools or []:
+        function = tool["function"]
+        if function["name"] == call.name:
+            try:
+                jsonschema.validate(json.loads(call.arguments), function.get("parameters") or {})
+            except jsonschema.ValidationError:
+                return False
+            return True
+    return False
 
 
 def parse(tokenizer, sample: data.Sample, ids: list[int]):
@@ -161,7 +202,7 @@ def main() -> None:
     parser.add_argument(
         "--constrained",
         action="store_true",
-        help="as the server generates: each call's name limited to the offered tools",
+        help="as the server generates: each call held to an offered tool and its schema",
     )
     parser.add_argument(
         "--dtype", default="auto", help="compute dtype, as the server's COMPUTE_DTYPE setting"
@@ -174,13 +215,11 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from mlx_lm import load
+    from mlxtrio.engine.model import load_model
 
-    from mlxtrio.engine.precision import apply_compute_dtype
-
-    model, tokenizer = load(args.model)
-    dtype = apply_compute_dtype(model, args.dtype).dtype
-    print(f"computing in {dtype}", flush=True)
+    loaded = load_model("eval", args.model, args.dtype)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    print(f"computing in {loaded.dtype}", flush=True)
     rng = random.Random(args.seed)
     samples = [data.make_sample(rng, split="eval", long_ratio=0.05) for _ in range(args.n)]
     foreign = ForeignText("eval") if args.foreign else None
@@ -194,13 +233,20 @@ def main() -> None:
         )
         for s in samples
     ]
-    processors = [name_guard(tokenizer, s.tools) for s in samples] if args.constrained else None
+    processors = None
+    if args.constrained:
+        processors = [
+            served_constraints(loaded, s, ends_in_open_think(tokenizer, p))
+            for s, p in zip(samples, prompts, strict=True)
+        ]
     started = time.monotonic()
     outputs = generate_all(model, tokenizer, prompts, args.max_tokens, processors=processors)
     elapsed = time.monotonic() - started
 
     eos = sum(reason == "stop" for _, reason in outputs)
     valid = complete = exact = 0
+    calls_made = schema_valid = markers = 0  # every call, against the called tool's schema
+    invalid_examples: list[str] = []
     # selection by (single/two calls, thinking, tools offered): (right, asked)
     selection: dict[tuple[str, bool, int], list[int]] = {}
     thinking_samples = well_formed = 0
@@ -208,9 +254,15 @@ def main() -> None:
     for sample, (ids, _reason) in zip(samples, outputs, strict=True):
         text, calls, reasoning, answer, raw_calls, invalid = parse(tokenizer, sample, ids)
         examples.setdefault(sample.kind + ("+think" if sample.thinking else ""), text)
+        markers += raw_calls
+        for call in calls:
+            calls_made += 1
+            schema_valid += _matches_schema(call, sample.tools)
         if sample.kind in ("tool", "tool2"):
             if raw_calls and not invalid and len(calls) == raw_calls:
                 valid += 1
+            elif len(invalid_examples) < 3:
+                invalid_examples.append(text)
             names = [c.name for c in calls]
             cell = selection.setdefault(
                 (sample.kind, sample.thinking, min(len(sample.tools), 6)), [0, 0]
@@ -242,13 +294,20 @@ def main() -> None:
     print(f"model: {args.model}")
     print(
         f"held-out prompts: {args.n} (seed {args.seed}, unseen tool names), output cap {args.max_tokens}, {elapsed:.0f} s"
-        + (", tool names constrained to the offered ones" if args.constrained else "")
+        + (
+            ", constrained as served (calls held to the offered tools' schemas)"
+            if args.constrained
+            else ""
+        )
         + (", with real-world text in every prompt" if foreign else "")
     )
     print(f"EOS within cap:              {pct(eos, args.n)}   target >= 99 %")
     print(f"valid tool-call JSON:        {pct(valid, tool_samples)}   target >= 95 %")
     print(f"correct offered tool:        {pct(correct, tool_samples)}   target >= 90 %")
-    print(f"required arguments present:  {pct(complete, tool_samples)}")
+    print(f"required arguments present:  {pct(complete, tool_samples)}   (the expected calls' own)")
+    print(
+        f"calls valid for their tool:  {pct(schema_valid, calls_made)}   (arguments match the called tool's schema)"
+    )
     print(f"argument values exact:       {pct(exact, tool_samples)}")
     print(f"well-formed reasoning:       {pct(well_formed, thinking_samples)}   target >= 95 %")
     print(_selection_breakdown(selection))
@@ -260,6 +319,8 @@ def main() -> None:
         stops = sum(r == "stop" for _, r in outs)
         lengths = [len(ids) for ids, _ in outs]
         print(f"~{size}-token prompts:        EOS {stops}/{len(outs)}, output tokens {lengths}")
+    for text in invalid_examples:
+        print(f"  a tool request whose calls did not all parse: {text[:400]!r}")
     print("\nexamples:")
     for kind, text in sorted(examples.items()):
         print(f"  [{kind}] {text[:200]!r}")

@@ -10,14 +10,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..admission import AdmissionLane, QueueFull, Ticket
-from ..chat.conversation import Conversation
+from ..chat.conversation import Conversation, OutputFormat, ToolSpec
 from ..chat.prompt import PromptError, RenderedPrompt, render
 from ..chat.turn import OnSegment, TurnResult, run_turn
 from ..engine.constraints import CallShape, call_shape, forbid
 from ..engine.engine import Engine
 from ..engine.handle import EngineError, EngineUnavailable
 from ..engine.prefix_cache import Match
-from ..engine.types import SamplingParams, TextConstraint
+from ..engine.types import GrammarConstraint, SamplingParams, TextConstraint
+from ..grammar.build import ANY_OBJECT, CALL_GRAMMARS, ToolGrammar, call_grammar, output_grammar
+from ..grammar.compiler import GrammarCompiler, GrammarError
 from ..http.errors import ApiError, invalid_request, rate_limited, server_error, unavailable
 from ..http.transport import client_domain
 from .deps import access_record, on_request_end, services
@@ -87,23 +89,46 @@ def output_budget(requested: int | None, engine: Engine, prompt: RenderedPrompt)
     return max(1, min(wanted, settings.max_output_tokens, room))
 
 
-def tool_call_constraints(
+async def output_constraints(
     engine: Engine, conversation: Conversation, prompt: RenderedPrompt
-) -> tuple[TextConstraint, ...]:
-    """What the model's tool calls must look like, in its family's markup
-    (:data:`~mlxtrio.engine.constraints.CALL_SHAPES`).
+) -> tuple[TextConstraint | GrammarConstraint, ...]:
+    """What the output must look like: tool calls (see
+    :func:`tool_call_constraints`) and structured output. Grammars compile off
+    the Trio thread (cached); a schema the grammar engine cannot hold to is
+    the request's fault: a 400 naming what it cannot do, before any stream."""
+    constraints = list(await tool_call_constraints(engine, conversation, prompt))
+    wanted = conversation.output_format
+    if wanted is not None and not _requires_call(engine, conversation):
+        # (A required call is the answer: the format has nothing to hold.)
+        constraints.append(await _structured_output(engine, conversation, prompt, wanted))
+    return tuple(constraints)
+
+
+def _requires_call(engine: Engine, conversation: Conversation) -> bool:
+    """Whether ``tool_choice`` obliges the model to call (and it can)."""
+    if not getattr(engine.tokenizer, "has_tool_calling", False):
+        return False
+    required = conversation.required_tool
+    offered = {tool.name for tool in conversation.tools}
+    return required is not None and bool(offered) and required.name in (None, *offered)
+
+
+async def tool_call_constraints(
+    engine: Engine, conversation: Conversation, prompt: RenderedPrompt
+) -> tuple[TextConstraint | GrammarConstraint, ...]:
+    """What the model's tool calls must look like.
 
     With no tool offered (none given, or ``tool_choice`` none) the tool-call
     marker is masked where it is a token of its own: a call could only be
-    dropped, leaving an empty answer. With tools, whatever ``tool_choice``
-    says, every call the model opens goes on with its family's opening for an
-    offered tool (Hermes: ``{"name": "<tool>", "arguments":``): the model
-    picks among the offered names by its own logits, and can no longer name a
-    tool the client does not have (small models do). When ``tool_choice``
-    requires a call, the output must also open one (after its reasoning, when
-    the prompt starts inside it) naming the required tool, or any offered one;
-    for a family without a known shape, just its start marker. Nothing is
-    constrained for models without tool calling.
+    dropped, leaving an empty answer. With tools, every call the model opens
+    is held to its family's markup for an offered tool: in a family with a
+    call grammar (:data:`~mlxtrio.grammar.build.CALL_GRAMMARS`) the whole call,
+    arguments matching the tool's schema, up to its closing marker; in the
+    others its opening (:data:`~mlxtrio.engine.constraints.CALL_SHAPES`). The
+    model picks among the offered names by its own logits. When
+    ``tool_choice`` requires a call, the output must also open one (after its
+    reasoning, when the prompt starts inside it). Nothing is constrained for
+    models without tool calling.
     """
     tokenizer = engine.tokenizer
     if not getattr(tokenizer, "has_tool_calling", False):
@@ -112,9 +137,12 @@ def tool_call_constraints(
         mask = engine.tool_call_mask_token
         return (forbid(mask),) if mask is not None else ()
     offered = list(dict.fromkeys(tool.name for tool in conversation.tools))
-    shape = call_shape(tokenizer.tool_parser)
-    constraints = []
-    if shape is not None and engine.tool_call_token is not None:
+    body = await _call_grammar(engine, conversation)
+    shape = None if body is not None else call_shape(tokenizer.tool_parser)
+    constraints: list[TextConstraint | GrammarConstraint] = []
+    if body is not None:
+        constraints.append(body)
+    elif shape is not None and engine.tool_call_token is not None:
         constraints.append(
             TextConstraint(shape.openings(offered), after=engine.tool_call_token, repeat=True)
         )
@@ -122,15 +150,89 @@ def tool_call_constraints(
     if requirement is None or (requirement.name is not None and requirement.name not in offered):
         return tuple(constraints)
     allowed = [requirement.name] if requirement.name is not None else offered
+    if body is not None:  # the marker alone; the grammar names an allowed tool
+        tools = [t for t in conversation.tools if t.name in allowed]
+        constraints[0] = await _call_grammar(engine, conversation, tools) or body
     return (*constraints, _required_call(tokenizer, shape, allowed, prompt))
+
+
+async def _call_grammar(
+    engine: Engine, conversation: Conversation, tools: list[ToolSpec] | None = None
+) -> GrammarConstraint | None:
+    """The grammar every tool call's body follows, or None when the model's
+    family has none (or the model cannot be constrained)."""
+    grammars = engine.grammars
+    family = getattr(engine.tokenizer.tool_parser, "__module__", "").rsplit(".", 1)[-1]
+    if grammars is None or engine.tool_call_token is None or family not in CALL_GRAMMARS:
+        return None
+    wanted = [await _tool_grammar(grammars, tool) for tool in tools or conversation.tools]
+    text = call_grammar(family, wanted, engine.tool_call_end_token)
+    if text is None:
+        return None
+    try:
+        matcher = await grammars.matcher(text)
+    except GrammarError as exc:  # each schema passed on its own: not expected
+        log.warning("tool calls are not constrained: their grammar failed: %s", exc)
+        return None
+    return GrammarConstraint(matcher, after=engine.tool_call_token, repeat=True)
+
+
+async def _tool_grammar(grammars: GrammarCompiler, tool: ToolSpec) -> ToolGrammar:
+    """``tool`` as its calls are constrained. A strict tool's schema must be
+    one the grammar engine holds to exactly (a 400 otherwise); any other
+    tool's keywords it does not implement are ignored, and a schema it cannot
+    read at all leaves the arguments any JSON object."""
+    schema = tool.arguments_schema
+    error = await grammars.check_schema(schema, tool.strict)
+    if error and tool.strict:
+        raise invalid_request(
+            f'tool "{tool.name}" is strict, but its schema cannot be enforced: {error}', "tools"
+        )
+    if error:
+        log.info("tool %r: arguments held to any JSON object: %s", tool.name, error)
+        return ToolGrammar(tool.name, ANY_OBJECT)
+    return ToolGrammar(tool.name, schema, tool.strict)
+
+
+async def _structured_output(
+    engine: Engine, conversation: Conversation, prompt: RenderedPrompt, wanted: OutputFormat
+) -> GrammarConstraint:
+    """The answer is JSON matching the requested schema, then the end of the
+    turn; a tool call may come instead when tools are offered. Reasoning stays
+    free: the grammar starts once it closes, when the prompt opened it."""
+    grammars = engine.grammars
+    if grammars is None:
+        raise invalid_request(
+            f"model {engine.name!r} cannot be constrained to a format (the grammar engine "
+            "cannot read its tokenizer)",
+            wanted.param,
+        )
+    schema = wanted.schema
+    if schema is not None:
+        error = await grammars.check_schema(schema, wanted.strict)
+        if error:
+            raise invalid_request(f"the schema cannot be enforced: {error}", wanted.param)
+    tokenizer = engine.tokenizer
+    marker = engine.tool_call_token if conversation.tools else None
+    after = None
+    if prompt.starts_in_reasoning and len(tokenizer.think_end_tokens or ()) == 1:
+        after = tokenizer.think_end_tokens[0]
+    text = output_grammar(
+        schema, wanted.strict, sorted(tokenizer.eos_token_ids), marker, after is not None
+    )
+    try:
+        matcher = await grammars.matcher(text)
+    except GrammarError as exc:
+        raise invalid_request(f"the schema cannot be enforced: {exc}", wanted.param) from None
+    return GrammarConstraint(matcher, after=after)
 
 
 def _required_call(
     tokenizer: Any, shape: CallShape | None, allowed: list[str], prompt: RenderedPrompt
 ) -> TextConstraint:
-    """The output opens a call of one of ``allowed`` (just the start marker for
-    a family of unknown shape): from the first token, or after the reasoning
-    when the prompt opened it."""
+    """The output opens a call of one of ``allowed`` (just the start marker when
+    a grammar holds the call's body, or for a family of unknown shape): from
+    the first token, or after the reasoning when the prompt opened it."""
     bodies = shape.openings(allowed, canonical=True) if shape is not None else ("",)
     openings = [tokenizer.tool_call_start + body for body in bodies]
     after = None

@@ -37,9 +37,9 @@ from .generation import (
     generate,
     lookup,
     output_budget,
+    output_constraints,
     render_prompt,
     reserve,
-    tool_call_constraints,
 )
 from .messages_events import MessageAssembler
 from .validation import conversation_errors, parse
@@ -70,7 +70,7 @@ async def create_message() -> Response:
     conversation, engine, prompt = await _prepare(request)
     sampling = request.sampling_params(
         max_tokens=output_budget(request.max_tokens, engine, prompt),
-        constraints=tool_call_constraints(engine, conversation, prompt),
+        constraints=await output_constraints(engine, conversation, prompt),
         starts_in_reasoning=prompt.starts_in_reasoning,
     )
     cache = lookup(engine, prompt)

@@ -27,7 +27,7 @@ from quart import Blueprint, Response
 from ..admission import Ticket
 from ..chat.chain import check_delta, drop_echoed_calls, outstanding_calls, reconstruct
 from ..chat.conversation import Conversation, Message
-from ..chat.from_responses import map_items, offered_tools, required_tool
+from ..chat.from_responses import map_items, offered_tools, output_format, required_tool
 from ..chat.prompt import RenderedPrompt
 from ..chat.tool_order import OPENAI, ToolOrderError, validate_tool_order
 from ..chat.turn import OnSegment, TurnResult
@@ -51,9 +51,9 @@ from .generation import (
     generate,
     lookup,
     output_budget,
+    output_constraints,
     render_prompt,
     reserve,
-    tool_call_constraints,
 )
 from .responses_events import ResponseAssembler
 from .responses_persist import open_store, persist, store_failure, take_back_unless
@@ -100,7 +100,7 @@ async def begin(
     prompt = await render_prompt(turn.engine, turn.conversation)
     sampling = request.sampling_params(
         max_tokens=output_budget(request.max_output_tokens, turn.engine, prompt),
-        constraints=tool_call_constraints(turn.engine, turn.conversation, prompt),
+        constraints=await output_constraints(turn.engine, turn.conversation, prompt),
     )
     continuation = request.previous_response_id is not None
     cache = lookup(turn.engine, prompt, cache_domain(request), continuation)
@@ -218,14 +218,6 @@ async def prepare(
     ``recall`` is asked for the previous response before the store is. An
     empty conversation is refused unless ``allow_empty`` (a warm-up: its tools
     and instructions are worth prefilling on their own)."""
-    text_format = request.text.format if request.text is not None else None
-    if text_format is not None and text_format.type != "text":
-        raise invalid_request(
-            f'text.format type "{text_format.type}" (structured output) is not supported by this '
-            'server yet; omit text.format or use {"type": "text"} and describe the wanted JSON '
-            "in the prompt",
-            "text.format",
-        )
     engine = resolve_engine(request.model)
     prior: list[Message] = []
     instructions = request.instructions
@@ -262,8 +254,10 @@ async def prepare(
         # ahead of an empty user turn, and only what precedes that turn is
         # shared with what follows. It is not part of the turn (``delta``).
         messages = [Message("user", "")]
+    with conversation_errors():
+        tools = offered_tools(request)
     conversation = Conversation(
-        messages, offered_tools(request), request.thinking, required_tool(request)
+        messages, tools, request.thinking, required_tool(request), output_format(request)
     )
     return Turn(request, engine, conversation, delta, instructions, client_domain(), chain)
 

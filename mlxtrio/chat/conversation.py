@@ -83,6 +83,17 @@ class ToolSpec:
     name: str
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    # The arguments must match ``parameters`` exactly (every keyword enforced);
+    # otherwise keywords the grammar engine does not implement are ignored.
+    strict: bool = False
+    # What the arguments are held to, when it differs from what the model is
+    # shown (a custom tool's grammar, as a pattern on its ``input`` string).
+    constraint_schema: dict[str, Any] | None = None
+
+    @property
+    def arguments_schema(self) -> dict[str, Any]:
+        """The JSON Schema a call's arguments are constrained by."""
+        return self.constraint_schema if self.constraint_schema is not None else self.parameters
 
     def template_dict(self) -> dict[str, Any]:
         return {
@@ -103,9 +114,21 @@ class ToolRequirement:
     name: str | None = None
 
 
+@dataclass(frozen=True)
+class OutputFormat:
+    """Structured output: the answer is one JSON value matching ``schema`` (any
+    JSON object when None); ``strict``: every keyword of the schema enforced,
+    and one the grammar engine does not implement is refused."""
+
+    schema: dict[str, Any] | None = None
+    strict: bool = False
+    param: str = "text.format"  # the request field it came from, for errors
+
+
 @dataclass
 class Conversation:
     messages: list[Message]
     tools: list[ToolSpec] = field(default_factory=list)
     thinking: bool = False
     required_tool: ToolRequirement | None = None
+    output_format: OutputFormat | None = None

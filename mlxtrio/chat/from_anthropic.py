@@ -23,7 +23,14 @@ from ..protocol.anthropic_requests import (
     ToolUseBlock,
     UserMessage,
 )
-from .conversation import Conversation, Message, ToolCall, ToolRequirement, ToolSpec
+from .conversation import (
+    Conversation,
+    Message,
+    OutputFormat,
+    ToolCall,
+    ToolRequirement,
+    ToolSpec,
+)
 from .errors import ConversationError
 
 BILLING_HEADER_PREFIX = "x-anthropic-billing-header"
@@ -47,7 +54,17 @@ def to_conversation(request: CountTokensRequest) -> Conversation:
         messages.insert(0, Message("system", "\n\n".join(system_parts)))
     tools = _tools(request)
     required = _required_tool(request) if tools else None
-    return Conversation(messages, tools, request.thinking_enabled, required)
+    return Conversation(messages, tools, request.thinking_enabled, required, _output(request))
+
+
+def _output(request: CountTokensRequest) -> OutputFormat | None:
+    """Structured output; Anthropic's is always strict (its schema is compiled
+    whole, and a feature it cannot hold to is refused)."""
+    wanted = request.json_output
+    if wanted is None:
+        return None
+    fmt, param = wanted
+    return OutputFormat(fmt.schema_, strict=True, param=param)
 
 
 def _system_text(request: CountTokensRequest) -> list[str]:
@@ -124,6 +141,7 @@ def _tools(request: CountTokensRequest) -> list[ToolSpec]:
             tool.name,
             tool.description or "",
             tool.input_schema or {"type": "object", "properties": {}},
+            strict=bool(tool.strict),
         )
         for tool in request.tools
         if tool.runs_on_client

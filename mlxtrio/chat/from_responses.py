@@ -8,10 +8,12 @@ raised as :class:`ConversationError` with ``param`` ``input``.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from .. import jsontext
+from ..grammar.lark_regex import GrammarNotRegular, lark_to_regex, llguidance_reads
 from ..protocol.responses_items import (
     CompactionItem,
     ContentPart,
@@ -24,10 +26,17 @@ from ..protocol.responses_items import (
     RefusalPart,
     ToolOutputItem,
 )
-from ..protocol.responses_requests import NamedToolChoice, ResponsesRequest
+from ..protocol.responses_requests import (
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    NamedToolChoice,
+    ResponsesRequest,
+)
 from ..protocol.responses_tools import CustomTool, FunctionTool, GrammarFormat, NamespaceTool
-from .conversation import Message, ToolCall, ToolRequirement, ToolSpec
+from .conversation import Message, OutputFormat, ToolCall, ToolRequirement, ToolSpec
 from .errors import ConversationError
+
+log = logging.getLogger("mlxtrio.chat")
 
 IMAGE_PLACEHOLDER = "[image omitted: this model reads text only]"
 
@@ -86,7 +95,18 @@ def _function_spec(tool: FunctionTool) -> ToolSpec:
         tool.name,
         tool.description or "",
         tool.parameters or {"type": "object", "properties": {}},
+        strict=bool(tool.strict),
     )
+
+
+def output_format(request: ResponsesRequest) -> OutputFormat | None:
+    """``text.format`` ``json_schema`` or ``json_object`` (structured output)."""
+    wanted = request.text.format if request.text is not None else None
+    if isinstance(wanted, JsonSchemaFormat):
+        return OutputFormat(wanted.schema_, strict=bool(wanted.strict))
+    if isinstance(wanted, JsonObjectFormat):
+        return OutputFormat(None)
+    return None
 
 
 def _custom_tool_spec(tool: CustomTool) -> ToolSpec:
@@ -98,11 +118,59 @@ def _custom_tool_spec(tool: CustomTool) -> ToolSpec:
             f"\nThe input must follow this {tool.format.syntax} grammar:\n{tool.format.definition}"
         )
     description += '\nCall it with the raw text in the "input" argument.'
-    return ToolSpec(
-        tool.name,
-        description.strip(),
-        {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]},
-    )
+    parameters = {
+        "type": "object",
+        "properties": {"input": {"type": "string"}},
+        "required": ["input"],
+    }
+    pattern = _input_pattern(tool)
+    constraint = None
+    if pattern is not None:
+        constraint = {
+            "type": "object",
+            "properties": {"input": {"type": "string", "pattern": pattern}},
+            "required": ["input"],
+            "additionalProperties": False,
+        }
+    return ToolSpec(tool.name, description.strip(), parameters, constraint_schema=constraint)
+
+
+def _input_pattern(tool: CustomTool) -> str | None:
+    """The regular expression a custom tool's input must match: its grammar
+    (Lark, inlined; or a regex), or None when it has none that can be held to
+    (a recursive grammar: its input is then any text)."""
+    grammar = tool.format
+    if not isinstance(grammar, GrammarFormat):
+        return None
+    if grammar.syntax == "regex":
+        return f"^(?:{_unanchored(grammar.definition)})$"
+    if grammar.syntax != "lark":
+        raise ConversationError(
+            f'custom tool "{tool.name}": grammar syntax "{grammar.syntax}" is not supported '
+            '(use "lark" or "regex")',
+            "tools",
+        )
+    try:
+        return lark_to_regex(grammar.definition)
+    except GrammarNotRegular as exc:
+        log.warning("custom tool %r: its input is not constrained: %s", tool.name, exc)
+        return None
+    except ValueError as exc:
+        # OpenAI's grammars are written in llguidance's Lark dialect, which
+        # Python's Lark does not all read: only what neither reads is refused.
+        if llguidance_reads(grammar.definition):
+            log.warning("custom tool %r: its input is not constrained: %s", tool.name, exc)
+            return None
+        raise ConversationError(f'custom tool "{tool.name}": {exc}', "tools") from None
+
+
+def _unanchored(regex: str) -> str:
+    """``regex`` without a leading ``^`` or trailing ``$`` (it gets its own)."""
+    if regex.startswith("^"):
+        regex = regex[1:]
+    if regex.endswith("$") and not regex.endswith("\\$"):
+        regex = regex[:-1]
+    return regex
 
 
 def _text_of(content: str | list[ContentPart], role: str) -> str:

@@ -7,12 +7,13 @@ never blocks on a 20k-token agent prompt.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from .conversation import Conversation
+from .conversation import Conversation, OutputFormat
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class PromptError(ValueError):
 
 def render_sync(tokenizer: Any, conversation: Conversation) -> RenderedPrompt:
     messages = [m.template_dict() for m in conversation.messages]
+    if conversation.output_format is not None:
+        messages = _asking_for(conversation.output_format, messages)
     tools = [t.template_dict() for t in conversation.tools] or None
     try:
         tokens = tokenizer.apply_chat_template(
@@ -42,10 +45,28 @@ def render_sync(tokenizer: Any, conversation: Conversation) -> RenderedPrompt:
     if isinstance(tokens, dict):  # some tokenizers return a BatchEncoding
         tokens = tokens["input_ids"]
     tokens = list(tokens)
-    return RenderedPrompt(tokens, _ends_in_open_think(tokenizer, tokens))
+    return RenderedPrompt(tokens, ends_in_open_think(tokenizer, tokens))
 
 
-def _ends_in_open_think(tokenizer: Any, tokens: list[int]) -> bool:
+def _asking_for(output: OutputFormat, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with the system message asking for the structured output:
+    the grammar guarantees the form, but a model that knows the schema fills
+    it with what it means to say instead of whatever fits."""
+    if output.schema is None:
+        wanted = "Answer with one JSON object and nothing else."
+    else:
+        schema = json.dumps(output.schema, ensure_ascii=False)
+        wanted = (
+            f"Answer with one JSON value that matches this JSON Schema, and nothing else: {schema}"
+        )
+    if messages and messages[0]["role"] == "system":
+        first = dict(messages[0])
+        first["content"] = (first["content"] + "\n\n" + wanted).strip()
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": wanted}, *messages]
+
+
+def ends_in_open_think(tokenizer: Any, tokens: list[int]) -> bool:
     if not getattr(tokenizer, "has_thinking", False):
         return False
     start = tokenizer.rfind_think_start(tokens)

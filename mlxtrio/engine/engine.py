@@ -37,6 +37,7 @@ from typing import Any
 
 import trio
 
+from ..grammar.compiler import GrammarCompiler
 from .handle import EngineError, EngineUnavailable, GenerationHandle
 from .loop import Delivery, EngineLoop, LoopSettings
 from .model import LoadedModel, load_model
@@ -106,6 +107,7 @@ class Engine:
         self.prefix_index = PrefixIndex(prefix_cache_bytes, self._drop_snapshots)
         self._snapshots: dict[int, list[Any]] = {}
         self._entry_ids = itertools.count()
+        self._grammars: GrammarCompiler | None = None
 
     # ------------------------------------------------------------------
     # What the loaded model tells the request path
@@ -139,6 +141,17 @@ class Engine:
     @property
     def tool_call_token(self) -> int | None:
         return self.loaded.tool_call_token if self.loaded else None
+
+    @property
+    def tool_call_end_token(self) -> int | None:
+        return self.loaded.tool_call_end_token if self.loaded else None
+
+    @property
+    def grammars(self) -> GrammarCompiler | None:
+        """The model's grammar compiler (None: it cannot be constrained)."""
+        if self._grammars is None and self.loaded and self.loaded.grammar_tokenizer is not None:
+            self._grammars = GrammarCompiler(self.loaded.grammar_tokenizer)
+        return self._grammars
 
     @property
     def tool_call_mask_token(self) -> int | None:

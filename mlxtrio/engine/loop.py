@@ -36,7 +36,13 @@ from .model import LoadedModel
 from .pacing import PrefillPacer
 from .prefix_cache import Entry, Match
 from .sequence import LiveSequence, SequenceGuard, finish_stats
-from .types import EngineStats, GenerationEvent, GenerationStats
+from .types import (
+    EngineStats,
+    GenerationEvent,
+    GenerationStats,
+    GrammarConstraint,
+    TextConstraint,
+)
 
 log = logging.getLogger("mlxtrio.engine")
 
@@ -132,7 +138,7 @@ class EngineLoop:
     def _start(self, handle: GenerationHandle) -> None:
         from mlx_lm.generate import StopSequences
 
-        from .constraints import OpeningConstraint, ReasoningBudget
+        from .constraints import ReasoningBudget
         from .sampling import normalized, penalty_processors, sampler_for
 
         loaded, tokenizer = self.loaded, self.loaded.tokenizer
@@ -144,18 +150,9 @@ class EngineLoop:
         end_tokens = tuple(getattr(tokenizer, "think_end_tokens", None) or ())
         if params.reasoning_budget is not None and len(end_tokens) == 1:
             processors.append(ReasoningBudget(params.reasoning_budget, end_tokens[0], generated))
-        for constraint in params.constraints:
-            spellings = tuple(self._spelling(text) for text in constraint.openings)
-            processors.append(
-                OpeningConstraint(
-                    constraint.openings,
-                    constraint.after,
-                    loaded.token_texts,
-                    constraint.repeat,
-                    spellings,
-                    generated,
-                )
-            )
+        processors.extend(
+            constraint_processor(c, loaded, generated, self._spelling) for c in params.constraints
+        )
         sampler = sampler_for(params)
         guard = SequenceGuard(processors) if processors else None
         detokenizer = tokenizer.detokenizer
@@ -403,6 +400,36 @@ class EngineLoop:
         self.stats.finished += 1
         finish_stats(seq, now)
         return GenerationEvent((r.token,), detok.last_segment, r.finish_reason, stats)
+
+
+def constraint_processor(
+    constraint: TextConstraint | GrammarConstraint,
+    loaded: LoadedModel,
+    seen: list[int] | None = None,
+    spell: Callable[[str], tuple[int, ...]] | None = None,
+) -> Any:
+    """The logits processor that enforces ``constraint`` on one sequence;
+    ``seen`` is the sequence's generated tokens as the host receives them,
+    ``spell`` the tokenizer's spelling of a text (cached by the caller)."""
+    from .constraints import OpeningConstraint
+    from .grammar import GrammarProcessor
+
+    if isinstance(constraint, GrammarConstraint):
+        return GrammarProcessor(constraint.grammar, constraint.after, constraint.repeat, seen)
+    if spell is None:
+
+        def spell(text: str) -> tuple[int, ...]:
+            return tuple(loaded.tokenizer.encode(text, add_special_tokens=False))
+
+    spellings = tuple(spell(text) for text in constraint.openings)
+    return OpeningConstraint(
+        constraint.openings,
+        constraint.after,
+        loaded.token_texts,
+        constraint.repeat,
+        spellings,
+        seen,
+    )
 
 
 def _final(reason: str, stats: GenerationStats) -> GenerationEvent:

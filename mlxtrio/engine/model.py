@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, cast
 
+from ..grammar.compiler import grammar_tokenizer
 from .constraints import TokenTexts
 from .precision import apply_compute_dtype
 
@@ -37,6 +38,10 @@ class LoadedModel:
     tool_call_token: int | None
     # The token masked when no tool is offered (see maskable_marker_token).
     tool_call_mask_token: int | None = None
+    # The id of the marker that closes a tool call when it is one token.
+    tool_call_end_token: int | None = None
+    # llguidance's view of the tokenizer (None: no constrained decoding).
+    grammar_tokenizer: Any = None
 
     @property
     def context_length(self) -> int:
@@ -53,10 +58,11 @@ def load_model(name: str, path: str, compute_dtype: str) -> LoadedModel:
     # Built now rather than at the first request that needs it, which would
     # stall every running sequence while a large vocabulary is decoded.
     texts = TokenTexts.from_tokenizer(tokenizer)
-    tool_call_token = None
+    tool_call_token = tool_call_end_token = None
     if getattr(tokenizer, "has_tool_calling", False):
-        marker = tokenizer.encode(tokenizer.tool_call_start, add_special_tokens=False)
-        tool_call_token = marker[0] if len(marker) == 1 else None
+        tool_call_token = _single_token(tokenizer, tokenizer.tool_call_start)
+        tool_call_end_token = _single_token(tokenizer, tokenizer.tool_call_end)
+    vocab_size = int(config.get("vocab_size") or len(texts.texts))
     precision = apply_compute_dtype(model, compute_dtype)
     if precision.upcast_reason:
         log.info(
@@ -73,11 +79,13 @@ def load_model(name: str, path: str, compute_dtype: str) -> LoadedModel:
         config=config,
         dtype=precision.dtype,
         load_seconds=time.perf_counter() - started,
-        vocab_size=int(config.get("vocab_size") or len(texts.texts)),
+        vocab_size=vocab_size,
         max_token_chars=max(1, max(map(len, texts.texts), default=1), _longest_added(tokenizer)),
         token_texts=texts,
         tool_call_token=tool_call_token,
         tool_call_mask_token=maskable_marker_token(tokenizer),
+        tool_call_end_token=tool_call_end_token,
+        grammar_tokenizer=grammar_tokenizer(tokenizer, max(vocab_size, len(texts.texts))),
     )
     log.info(
         "model %s ready in %.2f s (%s, %d layers, context %d, %s)",
@@ -89,6 +97,14 @@ def load_model(name: str, path: str, compute_dtype: str) -> LoadedModel:
         loaded.dtype,
     )
     return loaded
+
+
+def _single_token(tokenizer: Any, text: str | None) -> int | None:
+    """The id of ``text`` when the tokenizer spells it as one token."""
+    if not text:
+        return None
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None
 
 
 def maskable_marker_token(tokenizer: Any) -> int | None:

@@ -7,7 +7,7 @@ the API layer.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -31,8 +31,10 @@ class SamplingParams:
     # Close an open reasoning block after this many generated tokens (Anthropic
     # thinking.budget_tokens). Only for prompts that start inside reasoning.
     reasoning_budget: int | None = None
-    # Texts the output must go on with at given points (tool-call openings).
-    constraints: tuple[TextConstraint, ...] = ()
+    # What the output must look like: texts it must go on with at given points
+    # (tool-call openings), grammars it must follow (tool-call bodies,
+    # structured output).
+    constraints: tuple[TextConstraint | GrammarConstraint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,19 @@ class TextConstraint:
     time only, or every time when ``repeat`` (e.g. after each tool-call marker)."""
 
     openings: tuple[str, ...]
+    after: int | None = None
+    repeat: bool = False
+
+
+@dataclass(frozen=True)
+class GrammarConstraint:
+    """The output must follow a compiled grammar (an llguidance matcher in its
+    initial state, from :class:`~mlxtrio.grammar.compiler.GrammarCompiler`):
+    from the first generated token (``after`` None) or right after token
+    ``after``, every time when ``repeat``, until the grammar is complete (its
+    last token: a call's closing marker, or EOS)."""
+
+    grammar: Any
     after: int | None = None
     repeat: bool = False
 

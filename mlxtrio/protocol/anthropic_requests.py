@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
-from ..engine.types import SamplingParams, TextConstraint
+from ..engine.types import GrammarConstraint, SamplingParams, TextConstraint
 from .fields import (
     ARRAY,
     STRING,
@@ -141,6 +141,7 @@ class Tool(RequestModel):
     type: str | None = None
     description: str | None = None
     input_schema: dict[str, Any] | None = None
+    strict: bool | None = None
 
     @property
     def runs_on_client(self) -> bool:
@@ -203,6 +204,21 @@ def _drop_blank(stops: list[str]) -> list[str]:
     return [s for s in stops if s.strip()]
 
 
+# -- structured output -------------------------------------------------------------
+
+
+class JsonOutputFormat(RequestModel):
+    """Structured output: the answer is JSON matching ``schema``."""
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(RequestModel):
+    effort: str | None = None
+    format: JsonOutputFormat | None = None
+
+
 # -- requests --------------------------------------------------------------------
 
 
@@ -230,6 +246,18 @@ class CountTokensRequest(RequestModel):
     thinking: Thinking | None = None
     tools: ListOrNull[Tool] = Field(default_factory=list)
     tool_choice: ToolChoice | None = None
+    output_config: OutputConfig | None = None
+    # The structured-outputs beta's spelling of output_config.format.
+    output_format: JsonOutputFormat | None = None
+
+    @property
+    def json_output(self) -> tuple[JsonOutputFormat, str] | None:
+        """The structured output asked for, and the field that asked."""
+        if self.output_config is not None and self.output_config.format is not None:
+            return self.output_config.format, "output_config.format"
+        if self.output_format is not None:
+            return self.output_format, "output_format"
+        return None
 
     @property
     def thinking_enabled(self) -> bool:
@@ -239,7 +267,7 @@ class CountTokensRequest(RequestModel):
         self,
         *,
         max_tokens: int,
-        constraints: tuple[TextConstraint, ...] = (),
+        constraints: tuple[TextConstraint | GrammarConstraint, ...] = (),
         starts_in_reasoning: bool = False,
     ) -> SamplingParams:
         """Engine sampling for this request: greedy unless a temperature is

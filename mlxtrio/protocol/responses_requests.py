@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
-from ..engine.types import SamplingParams, TextConstraint
+from ..engine.types import GrammarConstraint, SamplingParams, TextConstraint
 from .fields import (
     ARRAY,
     OBJECT,
@@ -182,7 +182,7 @@ class ResponsesRequest(RequestModel):
         return self.metadata.retention_seconds if self.metadata is not None else None
 
     def sampling_params(
-        self, *, max_tokens: int, constraints: tuple[TextConstraint, ...] = ()
+        self, *, max_tokens: int, constraints: tuple[TextConstraint | GrammarConstraint, ...] = ()
     ) -> SamplingParams:
         """Engine sampling for this request; absent fields take the defaults
         above (greedy decoding, no nucleus cut, no penalties)."""
