@@ -205,3 +205,40 @@ async def test_a_turn_that_ends_inside_its_reasoning_answers_with_it(scripted: S
     assert [i["type"] for i in body["output"]] == ["reasoning", "message"]
     assert body["output_text"] == "Meet at ten."
     assert body["status"] == "completed"
+
+
+async def test_named_outputs_that_answer_no_call(scripted: Server) -> None:
+    """Codex follows its ``create_goal`` call's output with one that answers
+    no call, named instead of carrying a ``call_id``: the model reads it as
+    context. An output with neither is a 400 naming ``call_id``."""
+    async with scripted.client() as client:
+        first = await client.post(
+            "/v1/responses", json={"model": SCRIPTED, "input": "Weather?", "tools": [WEATHER_TOOL]}
+        )
+        (call,) = first.json()["output"]
+        output = {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}
+        named = {
+            "type": "function_call_output",
+            "name": "goal_objective",
+            "namespace": "agent",
+            "output": "type.txt",
+        }
+        body = {"model": SCRIPTED, "tools": [WEATHER_TOOL], "store": True}
+        second = await client.post(
+            "/v1/responses",
+            json={**body, "previous_response_id": first.json()["id"], "input": [output, named]},
+        )
+        anonymous = {"type": "function_call_output", "output": "x"}
+        refused = await client.post(
+            "/v1/responses",
+            json={**body, "previous_response_id": first.json()["id"], "input": [anonymous]},
+        )
+        counted = await client.post(
+            "/v1/responses/input_tokens",
+            json={"model": SCRIPTED, "input": [{"role": "user", "content": "hi"}, named]},
+        )
+    assert second.status_code == 200, second.text
+    assert second.json()["status"] == "completed"
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "input.0.call_id"
+    assert counted.status_code == 200, counted.text

@@ -295,7 +295,11 @@ def map_items(items: list[InputItem], reveal: Reveal | None = None) -> list[Mess
             )
         elif isinstance(item, ToolOutputItem):
             flush()
-            messages.append(Message("tool", _tool_output(item.output), tool_call_id=item.call_id))
+            output = _tool_output(item.output)
+            if item.call_id is None:  # answers no call: context the client adds
+                messages.append(Message("user", f"[{item.source}] {output}"))
+            else:
+                messages.append(Message("tool", output, tool_call_id=item.call_id))
         elif isinstance(item, CompactionItem):
             flush()
             compactions += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .fields import (
     ARRAY,
@@ -102,16 +102,38 @@ class CustomToolCallItem(RequestModel):
 
 
 class ToolOutputItem(RequestModel):
-    """A function or custom tool's result, answering the call ``call_id``."""
+    """A function or custom tool's result, answering the call ``call_id``.
+
+    Codex also sends outputs that answer no call, named instead (``name``,
+    ``namespace``): after ``create_goal`` it reports the goal's objective as
+    ``{"type": "function_call_output", "name": "goal_objective", "namespace":
+    "agent", "output": ...}``. One of ``call_id`` and ``name`` is required."""
 
     type: Literal["function_call_output", "custom_tool_call_output"]
-    call_id: NonEmpty
+    # Required, but None for a named output (see _named_outputs_answer_no_call).
+    call_id: NonEmpty | None
+    name: NonEmpty | None = None
+    namespace: str | None = None
     output: Annotated[
         Annotated[str, STRING]
         | Annotated[list[ContentPart], ARRAY]
         | Annotated[dict[str, Any], OBJECT],
         shape("a string, an array of content parts or an object"),
     ] = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_outputs_answer_no_call(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("call_id") is not None:
+            return data
+        if data.get("name"):
+            return {**data, "call_id": None}
+        return {k: v for k, v in data.items() if k != "call_id"}  # missing: a 400
+
+    @property
+    def source(self) -> str:
+        """What produced a named output: ``namespace.name``, or ``name``."""
+        return ".".join(filter(None, (self.namespace, self.name)))
 
 
 class CompactionItem(RequestModel):
