@@ -98,19 +98,25 @@ async def output_constraints(
     the request's fault: a 400 naming what it cannot do, before any stream."""
     constraints = list(await tool_call_constraints(engine, conversation, prompt))
     wanted = conversation.output_format
-    if wanted is not None and not _requires_call(engine, conversation):
+    if wanted is not None and _required_tools(engine, conversation) is None:
         # (A required call is the answer: the format has nothing to hold.)
         constraints.append(await _structured_output(engine, conversation, prompt, wanted))
     return tuple(constraints)
 
 
-def _requires_call(engine: Engine, conversation: Conversation) -> bool:
-    """Whether ``tool_choice`` obliges the model to call (and it can)."""
+def _required_tools(engine: Engine, conversation: Conversation) -> list[str] | None:
+    """The tools one of which ``tool_choice`` obliges the model to call, or
+    None when it need not (or cannot: no tool calling, or the named tool is
+    not offered)."""
+    requirement = conversation.required_tool
+    offered = list(dict.fromkeys(tool.name for tool in conversation.tools))
+    if requirement is None or not offered:
+        return None
     if not getattr(engine.tokenizer, "has_tool_calling", False):
-        return False
-    required = conversation.required_tool
-    offered = {tool.name for tool in conversation.tools}
-    return required is not None and bool(offered) and required.name in (None, *offered)
+        return None
+    if requirement.name is None:
+        return offered
+    return [requirement.name] if requirement.name in offered else None
 
 
 async def tool_call_constraints(
@@ -137,7 +143,10 @@ async def tool_call_constraints(
         mask = engine.tool_call_mask_token
         return (forbid(mask),) if mask is not None else ()
     offered = list(dict.fromkeys(tool.name for tool in conversation.tools))
-    body = await _call_grammar(engine, conversation)
+    required = _required_tools(engine, conversation)
+    # A grammar names only the tools a call may name: the required ones.
+    callable_tools = [t for t in conversation.tools if t.name in (required or offered)]
+    body = await _call_grammar(engine, callable_tools)
     shape = None if body is not None else call_shape(tokenizer.tool_parser)
     constraints: list[TextConstraint | GrammarConstraint] = []
     if body is not None:
@@ -146,26 +155,20 @@ async def tool_call_constraints(
         constraints.append(
             TextConstraint(shape.openings(offered), after=engine.tool_call_token, repeat=True)
         )
-    requirement = conversation.required_tool
-    if requirement is None or (requirement.name is not None and requirement.name not in offered):
+    if required is None:
         return tuple(constraints)
-    allowed = [requirement.name] if requirement.name is not None else offered
-    if body is not None:  # the marker alone; the grammar names an allowed tool
-        tools = [t for t in conversation.tools if t.name in allowed]
-        constraints[0] = await _call_grammar(engine, conversation, tools) or body
-    return (*constraints, _required_call(tokenizer, shape, allowed, prompt))
+    # With a grammar, the required opening is the marker alone.
+    return (*constraints, _required_call(tokenizer, shape, required, prompt))
 
 
-async def _call_grammar(
-    engine: Engine, conversation: Conversation, tools: list[ToolSpec] | None = None
-) -> GrammarConstraint | None:
-    """The grammar every tool call's body follows, or None when the model's
-    family has none (or the model cannot be constrained)."""
+async def _call_grammar(engine: Engine, tools: list[ToolSpec]) -> GrammarConstraint | None:
+    """The grammar every call's body follows (naming one of ``tools``), or
+    None when the model's family has none (or it cannot be constrained)."""
     grammars = engine.grammars
     family = getattr(engine.tokenizer.tool_parser, "__module__", "").rsplit(".", 1)[-1]
     if grammars is None or engine.tool_call_token is None or family not in CALL_GRAMMARS:
         return None
-    wanted = [await _tool_grammar(grammars, tool) for tool in tools or conversation.tools]
+    wanted = [await _tool_grammar(grammars, tool) for tool in tools]
     text = call_grammar(family, wanted, engine.tool_call_end_token)
     if text is None:
         return None
