@@ -21,8 +21,14 @@ import openai
 import pytest
 import trio
 
-from mlxtrio.api.generation import tool_call_constraints
-from mlxtrio.chat.conversation import Conversation, Message, ToolRequirement, ToolSpec
+from mlxtrio.api.generation import output_constraints
+from mlxtrio.chat.conversation import (
+    Conversation,
+    Message,
+    OutputFormat,
+    ToolRequirement,
+    ToolSpec,
+)
 from mlxtrio.chat.prompt import RenderedPrompt
 from mlxtrio.engine.constraints import (
     CALL_SHAPES,
@@ -32,9 +38,10 @@ from mlxtrio.engine.constraints import (
     forbid,
 )
 from mlxtrio.engine.model import LoadedModel, load_model
-from mlxtrio.engine.types import GrammarConstraint
+from mlxtrio.engine.types import GrammarConstraint, TextConstraint
 from mlxtrio.grammar.build import CALL_GRAMMARS
 from mlxtrio.grammar.compiler import GrammarCompiler
+from mlxtrio.http.errors import ApiError
 
 from .conftest import SCRIPTED, Server, ServerFactory
 from .scripted_families import CALLS, FAMILIES, TEXT
@@ -226,22 +233,32 @@ def loaded_family(family_model: Callable[[str], str]) -> Callable[[str], LoadedM
     return get
 
 
-def constraints_for(loaded: LoadedModel, tools: bool, required: str | None = None) -> tuple:
-    grammars = loaded.grammar_tokenizer
+def constraints_for(
+    loaded: LoadedModel,
+    tools: bool,
+    required: str | None = None,
+    grammars: bool = True,
+    output: OutputFormat | None = None,
+) -> tuple:
+    """The server's tool-call constraints for a model loaded here (``grammars``
+    False: as for a tokenizer the grammar engine cannot read)."""
+    grammar_tokenizer = loaded.grammar_tokenizer if grammars else None
     engine = SimpleNamespace(
+        name=SCRIPTED,
         tokenizer=loaded.tokenizer,
         tool_call_token=loaded.tool_call_token,
         tool_call_end_token=loaded.tool_call_end_token,
         tool_call_mask_token=loaded.tool_call_mask_token,
-        grammars=GrammarCompiler(grammars) if grammars is not None else None,
+        grammars=GrammarCompiler(grammar_tokenizer) if grammar_tokenizer is not None else None,
     )
     conversation = Conversation(
         [Message("user", "hi")],
         [ToolSpec(name, "", p) for name, p in PARAMETERS.items()] if tools else [],
         required_tool=ToolRequirement(required) if required else None,
+        output_format=output,
     )
     prompt = RenderedPrompt([], False)
-    return trio.run(tool_call_constraints, engine, conversation, prompt)
+    return trio.run(output_constraints, engine, conversation, prompt)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -286,6 +303,22 @@ def test_marker_mask_per_family(family: str, loaded_family: Callable[[str], Load
     marker = loaded.tokenizer.tool_call_start_tokens[0]
     expected = () if family in UNMASKABLE else (forbid(marker),)
     assert constraints_for(loaded, tools=False) == expected
+
+
+def test_without_the_grammar_engine_calls_keep_their_openings(
+    loaded_family: Callable[[str], LoadedModel],
+) -> None:
+    """A model whose tokenizer llguidance cannot read (a slow tokenizer) still
+    serves tools: its calls are held to their openings, as before grammars."""
+    loaded = loaded_family("json_tools")
+    each_call, required = constraints_for(loaded, True, "get_weather", grammars=False)
+    assert isinstance(each_call, TextConstraint) and each_call.after == loaded.tool_call_token
+    assert required.openings == (
+        "<tool_call>" + CALL_SHAPES["json_tools"].openings(["get_weather"])[0],
+    )
+    with pytest.raises(ApiError, match="cannot be constrained") as refused:
+        constraints_for(loaded, False, grammars=False, output=OutputFormat({"type": "object"}))
+    assert refused.value.param == "text.format"
 
 
 def test_every_constrained_family_is_scripted() -> None:
