@@ -13,7 +13,7 @@ from ..admission import AdmissionLane, QueueFull, Ticket
 from ..chat.conversation import Conversation, OutputFormat, ToolSpec
 from ..chat.prompt import PromptError, RenderedPrompt, render
 from ..chat.turn import OnSegment, TurnResult, run_turn
-from ..engine.constraints import CallShape, call_shape, forbid
+from ..engine.constraints import CallShape, call_shape, forbid, tool_family
 from ..engine.engine import Engine
 from ..engine.handle import EngineError, EngineUnavailable
 from ..engine.prefix_cache import Match
@@ -165,7 +165,7 @@ async def _call_grammar(engine: Engine, tools: list[ToolSpec]) -> GrammarConstra
     """The grammar every call's body follows (naming one of ``tools``), or
     None when the model's family has none (or it cannot be constrained)."""
     grammars = engine.grammars
-    family = getattr(engine.tokenizer.tool_parser, "__module__", "").rsplit(".", 1)[-1]
+    family = tool_family(engine.tokenizer.tool_parser)
     if grammars is None or engine.tool_call_token is None or family not in CALL_GRAMMARS:
         return None
     wanted = [await _tool_grammar(grammars, tool) for tool in tools]
@@ -217,9 +217,7 @@ async def _structured_output(
             raise invalid_request(f"the schema cannot be enforced: {error}", wanted.param)
     tokenizer = engine.tokenizer
     marker = engine.tool_call_token if conversation.tools else None
-    after = None
-    if prompt.starts_in_reasoning and len(tokenizer.think_end_tokens or ()) == 1:
-        after = tokenizer.think_end_tokens[0]
+    after = _reasoning_end(tokenizer, prompt)
     text = output_grammar(
         schema, wanted.strict, sorted(tokenizer.eos_token_ids), marker, after is not None
     )
@@ -238,12 +236,18 @@ def _required_call(
     the first token, or after the reasoning when the prompt opened it."""
     bodies = shape.openings(allowed, canonical=True) if shape is not None else ("",)
     openings = [tokenizer.tool_call_start + body for body in bodies]
-    after = None
-    if prompt.starts_in_reasoning and len(tokenizer.think_end_tokens or ()) == 1:
-        after = tokenizer.think_end_tokens[0]
-        # what templates put between </think> and the answer
+    after = _reasoning_end(tokenizer, prompt)
+    if after is not None:  # what templates put between </think> and the answer
         openings = ["\n\n" + text for text in openings]
     return TextConstraint(tuple(openings), after)
+
+
+def _reasoning_end(tokenizer: Any, prompt: RenderedPrompt) -> int | None:
+    """The token that closes the reasoning the prompt opened, after which the
+    answer's constraints start; None when the output starts with the answer
+    (or the closing marker is not one token)."""
+    ends: list[int] = list(tokenizer.think_end_tokens or ())
+    return ends[0] if prompt.starts_in_reasoning and len(ends) == 1 else None
 
 
 def reserve_place(lane: AdmissionLane) -> Ticket:

@@ -145,11 +145,17 @@ CALL_SHAPES: dict[str, CallShape] = {
 }
 
 
+def tool_family(tool_parser: Any) -> str:
+    """The tool-call family of ``tool_parser`` (the tokenizer's): its mlx-lm
+    parser module's name, e.g. ``json_tools``."""
+    module = getattr(tool_parser, "__module__", None) or ""
+    return module.rsplit(".", 1)[-1]
+
+
 def call_shape(tool_parser: Any) -> CallShape | None:
     """The call shape of the family whose parser is ``tool_parser`` (the
     tokenizer's), or None when calls of that family are not constrained."""
-    module = getattr(tool_parser, "__module__", None) or ""
-    return CALL_SHAPES.get(module.rsplit(".", 1)[-1])
+    return CALL_SHAPES.get(tool_family(tool_parser))
 
 
 def forbid(token: int) -> TextConstraint:
