@@ -27,6 +27,7 @@ HELP = {
     "capacity": "concurrent sequences per model",
     "waiting_room": "queued requests per model before 429",
     "prefix_cache_bytes": "prefix KV cache budget per model (-1 auto, 0 off)",
+    "prefix_cache_disk_bytes": "its disk tier in data_dir/kv-cache per model (-1 auto, 0 off)",
     "context_length": "tokens of context served per model (0: the model's own)",
     "prefill_chunk": "most prompt tokens prefilled per engine step",
     "prefill_step_seconds": "seconds of prefill per engine step (bounds token gaps and hang-up latency)",

@@ -66,6 +66,8 @@ class Services:
                 prefill_step_seconds=s.prefill_step_seconds,
                 default_max_tokens=s.default_max_tokens,
                 prefix_cache_bytes=s.prefix_cache_budget,
+                prefix_cache_disk_bytes=s.prefix_cache_disk_budget,
+                cache_dir=s.kv_cache_path,
                 compute_dtype=s.compute_dtype,
                 context_limit=s.context_length,
             )

@@ -61,6 +61,9 @@ class Settings:
     # Prefix KV cache budget per model in bytes: -1 = auto (20 % of physical
     # memory, at most 16 GiB), 0 = off.
     prefix_cache_bytes: int = -1
+    # Its disk tier per model, in data_dir/kv-cache (survives restarts): -1 =
+    # auto (a quarter of the free space there at start, at most 32 GiB), 0 = off.
+    prefix_cache_disk_bytes: int = -1
     # Context served per model, in tokens: 0 = the model's own; a smaller value
     # bounds prompt + output (less KV memory; clients compact sooner).
     context_length: int = 0
@@ -108,6 +111,25 @@ class Settings:
         if self.prefix_cache_bytes >= 0:
             return self.prefix_cache_bytes
         return min(physical_memory() // 5, 16 << 30)
+
+    @property
+    def prefix_cache_disk_budget(self) -> int:
+        if self.prefix_cache_disk_bytes >= 0:
+            return self.prefix_cache_disk_bytes
+        import shutil
+
+        place = self.data_path
+        while not place.exists() and place != place.parent:
+            place = place.parent
+        try:
+            free = shutil.disk_usage(place).free
+        except OSError:
+            return 0
+        return min(free // 4, 32 << 30)
+
+    @property
+    def kv_cache_path(self) -> Path:
+        return self.data_path / "kv-cache"
 
     @property
     def data_path(self) -> Path:

@@ -122,7 +122,10 @@ async def test_two_interleaved_conversations_both_stay_warm(scripted: Server) ->
 
 async def test_eviction_under_a_tiny_byte_budget(server_factory, scripted_model_path) -> None:
     server = await server_factory(
-        model=scripted_model_path, model_name=SCRIPTED, prefix_cache_bytes=200_000
+        model=scripted_model_path,
+        model_name=SCRIPTED,
+        prefix_cache_bytes=200_000,
+        prefix_cache_disk_bytes=0,  # no disk tier to find it again
     )
     async with claude(server) as client:
         for i in range(4):
@@ -267,7 +270,7 @@ async def test_cached_and_cold_greedy_generations_are_identical(dtype: str) -> N
         ]
 
         async def run(engine: Engine, prompt: list[int]) -> tuple[list[int], int]:
-            match = engine.lookup(prompt)
+            match = await engine.lookup(prompt)
             tokens: list[int] = []
             try:
                 async with engine.submit(
@@ -327,7 +330,7 @@ async def test_pinned_match_survives_eviction_while_queued(
         [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}],
         add_generation_prompt=True,
     )
-    match = engine.lookup(prompt_tokens)
+    match = await engine.lookup(prompt_tokens)
     assert match is not None and match.entry.pins == 1
     async with server.client() as client:  # push other snapshots through the budget
         for i in range(4):

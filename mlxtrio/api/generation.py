@@ -286,13 +286,13 @@ class CacheLookup:
         return {"X-Session-Cache": state, "X-Cached-Tokens": str(self.cached_tokens)}
 
 
-def lookup(
+async def lookup(
     engine: Engine, prompt: RenderedPrompt, domain: str = "", continuation: bool = False
 ) -> CacheLookup:
     """Find (and pin until the request ends) the longest cached prefix within the
     client's isolation domain (its API key) narrowed by ``domain`` (``cache_salt``)."""
     domain = "|".join(filter(None, (client_domain(), domain)))
-    match = engine.lookup(prompt.tokens, domain)
+    match = await engine.lookup(prompt.tokens, domain)
     on_request_end(lambda: engine.release(match))
     return CacheLookup(match, domain, continuation)
 

@@ -73,7 +73,7 @@ async def create_message() -> Response:
         constraints=await output_constraints(engine, conversation, prompt),
         starts_in_reasoning=prompt.starts_in_reasoning,
     )
-    cache = lookup(engine, prompt)
+    cache = await lookup(engine, prompt)
     ticket = reserve(engine)
     message = MessageObject(model=request.model)
     run: Run = partial(

@@ -103,7 +103,7 @@ async def begin(
         constraints=await output_constraints(turn.engine, turn.conversation, prompt),
     )
     continuation = request.previous_response_id is not None
-    cache = lookup(turn.engine, prompt, cache_domain(request), continuation)
+    cache = await lookup(turn.engine, prompt, cache_domain(request), continuation)
     ticket = reserve(turn.engine)
     return Run(turn, prompt, sampling, cache, ticket, initial_response(turn, sampling))
 

@@ -177,7 +177,7 @@ async def _summarize(
     request, engine = turn.request, turn.engine
     sampling = summary_sampling(request, engine, prompt)
     continuation = request.previous_response_id is not None
-    cache = lookup(engine, prompt, cache_domain(request), continuation)
+    cache = await lookup(engine, prompt, cache_domain(request), continuation)
     ticket = reserve(engine)
     result = await generate(engine, ticket, prompt, sampling, conversation, _ignore, cache)
     if result.finish_reason == "cancelled":

@@ -33,15 +33,21 @@ import logging
 import queue
 import threading
 import time
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from ..grammar.compiler import GrammarCompiler
+from .blocks import BLOCK_TOKENS, chain
+from .disk_index import DiskIndex
+from .disk_tier import DiskWriter, read_blocks, scan
 from .handle import EngineError, EngineUnavailable, GenerationHandle
-from .loop import Delivery, EngineLoop, LoopSettings
+from .loop import Delivery, EngineLoop, KVTiers, LoopSettings
 from .model import LoadedModel, load_model
 from .prefix_cache import Entry, Match, PrefixIndex
+from .radix import common_prefix_length
 from .types import EngineStats, GenerationEvent, GenerationStats, SamplingParams
 
 log = logging.getLogger("mlxtrio.engine")
@@ -73,6 +79,8 @@ class Engine:
         prefill_chunk: int,
         default_max_tokens: int,
         prefix_cache_bytes: int = 0,
+        prefix_cache_disk_bytes: int = 0,
+        cache_dir: Path | None = None,
         compute_dtype: str = "model",
         prefill_step_seconds: float = 0.25,
         context_limit: int = 0,
@@ -102,10 +110,16 @@ class Engine:
         self._idle = trio.Event()
         self._idle.set()
         self._crashes: list[float] = []
-        # Prefix cache: the index lives on the Trio side, the snapshots on the
-        # engine thread (they survive a restart of the thread).
-        self.prefix_index = PrefixIndex(prefix_cache_bytes, self._drop_snapshots)
-        self._snapshots: dict[int, list[Any]] = {}
+        # Prefix cache: the indexes live on the Trio side, the KV on the engine
+        # thread (it survives a restart of the thread) and in block files.
+        disk = None
+        if prefix_cache_bytes > 0 and prefix_cache_disk_bytes > 0 and cache_dir is not None:
+            disk = DiskIndex(prefix_cache_disk_bytes, self._forget_disk_blocks)
+        self.prefix_index = PrefixIndex(prefix_cache_bytes, self._drop_snapshots, disk)
+        self._cache_dir = cache_dir
+        self._disk_dir: Path | None = None  # this model's block files, once loaded
+        self._disk_reads = trio.CapacityLimiter(2)
+        self._kv = KVTiers()
         self._entry_ids = itertools.count()
         self._grammars: GrammarCompiler | None = None
 
@@ -227,6 +241,10 @@ class Engine:
             await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
         if thread.is_alive():
             log.warning("engine thread for %s did not stop in time; abandoning it", self.name)
+        writer = self._kv.disk
+        if writer is not None and not thread.is_alive():  # spills queued so far get written
+            with trio.move_on_after(max(grace, 1.0)):
+                await trio.to_thread.run_sync(writer.close, abandon_on_cancel=True)
         if self.state is not EngineState.FAILED:
             self.state = EngineState.STOPPED
         self._end_all_handles(None)
@@ -234,12 +252,73 @@ class Engine:
     # ------------------------------------------------------------------
     # Requests (Trio side)
 
-    def lookup(self, prompt: list[int], domain: str = "") -> Match | None:
+    async def lookup(self, prompt: list[int], domain: str = "") -> Match | None:
         """The longest cached prefix of ``prompt`` in isolation ``domain``, pinned
         until :meth:`release` (or until a sequence submitted with it starts).
-        Synchronous, no engine work, linear in the prompt's length: callers know
-        the reuse before sending headers."""
-        return self.prefix_index.lookup((self.name, domain), prompt)
+        Callers know the reuse before sending headers.
+
+        Waits first, when a sequence still running (prefilling, finishing or
+        being cancelled) shares a longer prefix than the cache holds: for its
+        KV to be snapshotted, so the prefix is prefilled once. Then reads the
+        matched blocks that are only on disk, on a worker thread. Cancelling
+        the call abandons the wait (nothing stays pinned); a disk read already
+        begun is finished first.
+        """
+        key = (self.name, domain)
+        if self.prefix_index.enabled:
+            await self._wait_for_inflight(key, prompt)
+        names = None
+        if self.loaded is not None and self._disk_dir is not None:
+            root = self.loaded.cache_root(domain)
+            names = partial(chain, root, prompt[: len(prompt) - 1])
+        match = self.prefix_index.lookup(key, prompt, names)
+        if match is None or not match.disk:
+            return match
+        try:
+            return await self._read_disk_blocks(match)
+        except BaseException:
+            self.prefix_index.release(match)
+            raise
+
+    async def _read_disk_blocks(self, match: Match) -> Match | None:
+        """``match`` with its disk blocks loaded, shortened to those readable."""
+        assert self._disk_dir is not None and self.prefix_index.disk is not None
+        blocks = await trio.to_thread.run_sync(
+            read_blocks, self._disk_dir, match.disk, limiter=self._disk_reads
+        )
+        if len(blocks) < len(match.disk):
+            self.prefix_index.disk.unreadable([match.disk[len(blocks)]])
+            shortened = self.prefix_index.shorten(match, len(blocks))
+            if shortened is None:
+                return None
+            match = shortened
+        match.loaded = blocks
+        return match
+
+    async def _wait_for_inflight(self, key: Any, prompt: list[int]) -> None:
+        """Wait while a live sequence shares at least a block more of
+        ``prompt`` than the cache holds, until its KV reaches the cache."""
+        for _ in range(4):  # each wait makes the cache hold more; a few suffice
+            held = self.prefix_index.held_length(key, prompt)
+            sharer = self._inflight_sharer(key, prompt, held + BLOCK_TOKENS)
+            if sharer is None:
+                return
+            sharer.share_requested = True
+            self.stats.inflight_waits += 1
+            await sharer.kv_ready.wait()
+
+    def _inflight_sharer(
+        self, key: Any, prompt: list[int], at_least: int
+    ) -> GenerationHandle | None:
+        best, best_common = None, at_least - 1
+        limit = len(prompt) - 1
+        for handle in self._live_handles:
+            if handle.cache_key != key or handle.kv_ready.is_set():
+                continue
+            common = common_prefix_length(handle.prompt, prompt, limit)
+            if common > best_common:
+                best, best_common = handle, common
+        return best
 
     def release(self, match: Match | None) -> None:
         """Unpin a match from :meth:`lookup`; idempotent."""
@@ -281,6 +360,13 @@ class Engine:
 
     def _drop_snapshots(self, entry_ids: list[int]) -> None:
         self._commands.put(("drop", entry_ids))
+
+    def _forget_disk_blocks(self, names: list[bytes]) -> None:
+        self._commands.put(("forget_disk", names))
+
+    def _disk_written(self, name: bytes, size: int) -> None:
+        if self.prefix_index.disk is not None:
+            self.prefix_index.disk.added([(name, size)])
 
     # ------------------------------------------------------------------
     # Called on the Trio thread by the engine thread (see _Outbox)
@@ -360,12 +446,13 @@ class Engine:
             time.sleep(delay)
             if self.loaded is None:
                 self.loaded = load_model(self.name, self.path, self.compute_dtype_setting)
+                self._open_disk_tier(self.loaded)
             loop = EngineLoop(
                 self.loaded,
                 self._commands,
                 _Outbox(self),
                 self._loop_settings,
-                self._snapshots,
+                self._kv,
                 self.stats,
                 lambda: next(self._entry_ids),
             )
@@ -379,6 +466,24 @@ class Engine:
                 log.exception("engine thread for %s died", self.name)
         finally:
             self._post(self._on_thread_exit, error)
+
+    def _open_disk_tier(self, loaded: LoadedModel) -> None:
+        """Find the block files an earlier run left for these weights and start
+        the writer (engine thread, before serving; a listing of the directory)."""
+        if self.prefix_index.disk is None or self._cache_dir is None:
+            return
+        directory = self._cache_dir / loaded.fingerprint[:16]
+        try:
+            found = scan(directory)
+        except OSError as exc:
+            log.warning("no KV disk tier for %s: cannot use %s: %s", self.name, directory, exc)
+            return
+        self._kv.on_disk.update(name for name, _ in found)
+        self._kv.disk = DiskWriter(directory, partial(self._post, self._disk_written))
+        self._disk_dir = directory
+        self._post(self.prefix_index.disk.added, found)
+        if found:
+            log.info("model %s: %d KV blocks on disk from earlier runs", self.name, len(found))
 
 
 class _Outbox:
@@ -395,6 +500,9 @@ class _Outbox:
 
     def release(self, match: Match) -> None:
         self._engine._post(self._engine.prefix_index.release, match)
+
+    def shared(self, handle: GenerationHandle) -> None:
+        self._engine._post(handle.kv_ready.set)
 
 
 __all__ = [

@@ -60,6 +60,14 @@ class GenerationHandle:
         self._cancel_requested = False
         # Engine bookkeeping (written by the engine thread, read by tests).
         self.cancel_requested_at_step: int | None = None
+        self.prefilled = 0  # prompt tokens in its KV so far, cached ones included
+        # In-flight reuse: ``share_requested`` is set when another request waits
+        # to start from this one's prompt; the engine then snapshots it once it
+        # is prefilled. ``kv_ready`` is set when that snapshot, or the one kept
+        # when the sequence ends, has reached the prefix index (or when the
+        # sequence ended without one).
+        self.share_requested = False
+        self.kv_ready = trio.Event()
 
     # -- Trio-facing API -------------------------------------------------
 
@@ -124,6 +132,7 @@ class GenerationHandle:
         self._events.append(event)
         if event.finish_reason is not None or event.error is not None:
             self._done = True
+            self.kv_ready.set()
             self.finish_reason = event.finish_reason
             if event.stats is not None:
                 self.stats = event.stats

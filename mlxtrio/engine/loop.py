@@ -23,7 +23,6 @@ Fault isolation, from the narrowest to the widest:
 
 from __future__ import annotations
 
-import copy
 import logging
 import queue
 import time
@@ -31,7 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .blocks import chain
+from .disk_tier import DiskWriter, from_host, to_host
 from .handle import GenerationHandle
+from .kv_store import Block, KVStore
 from .model import LoadedModel
 from .pacing import PrefillPacer
 from .prefix_cache import Entry, Match
@@ -56,6 +58,7 @@ class Outbox(Protocol):
     def deliver(self, deliveries: list[Delivery]) -> None: ...
     def snapshot(self, entry: Entry) -> None: ...
     def release(self, match: Match) -> None: ...
+    def shared(self, handle: GenerationHandle) -> None: ...
 
 
 @dataclass
@@ -68,15 +71,43 @@ class LoopSettings:
 
 
 @dataclass
+class KVTiers:
+    """The prefix cache's KV on the engine side; it outlives engine threads.
+
+    ``memory`` holds the snapshots; ``disk`` (None: no disk tier) writes new
+    blocks to files, and ``on_disk`` names the blocks written or found there
+    (so a block is spilled once)."""
+
+    memory: KVStore = field(default_factory=KVStore)
+    disk: DiskWriter | None = None
+    on_disk: set[bytes] = field(default_factory=set)
+
+    def spill(self, new_blocks: list[tuple[bytes, Block]]) -> None:
+        if self.disk is None:
+            return
+        for name, block in new_blocks:
+            if name in self.on_disk or not self.disk.has_room():
+                continue
+            self.on_disk.add(name)
+            self.disk.write(name, to_host(block.layers))
+
+    def forget_disk(self, names: list[bytes]) -> None:
+        if self.disk is None:
+            return
+        self.on_disk.difference_update(names)
+        self.disk.delete(names)
+
+
+@dataclass
 class EngineLoop:
-    """One incarnation of the engine thread's work. ``snapshots`` (prefix-cache
-    KV by entry id) and ``stats`` outlive it."""
+    """One incarnation of the engine thread's work. ``kv`` (the prefix cache's
+    KV) and ``stats`` outlive it."""
 
     loaded: LoadedModel
     commands: queue.SimpleQueue[tuple[str, Any]]
     outbox: Outbox
     settings: LoopSettings
-    snapshots: dict[int, list[Any]]
+    kv: KVTiers
     stats: EngineStats
     next_entry_id: Callable[[], int]
     live: dict[int, LiveSequence] = field(default_factory=dict)
@@ -118,7 +149,9 @@ class EngineLoop:
                 self._remove(arg)
             elif command == "drop":
                 for entry_id in arg:
-                    self.snapshots.pop(entry_id, None)
+                    self.kv.memory.drop(entry_id)
+            elif command == "forget_disk":
+                self.kv.forget_disk(arg)
 
     def _insert(self, handle: GenerationHandle) -> None:
         if handle.done:  # failed while a previous engine thread held it
@@ -190,22 +223,21 @@ class EngineLoop:
             self.outbox.release(handle.match)
 
     def _cache_for(self, handle: GenerationHandle) -> tuple[Any, int]:
-        """A private copy of the matched snapshot trimmed to the match, or (None, 0).
-        The match is unpinned once the copy exists."""
+        """A private cache holding the match: the snapshot's first tokens, then
+        the blocks read from disk; or (None, 0). The match is unpinned once the
+        cache exists."""
         match = handle.match
         if match is None:
             return None, 0
-        snapshot = self.snapshots.get(match.entry.id)
-        self.outbox.release(match)
-        if snapshot is None:
-            return None, 0
-        from mlx_lm.models.cache import trim_prompt_cache
-
-        cache = copy.deepcopy(snapshot)
-        excess = len(match.entry.tokens) - match.length
-        if excess > 0 and trim_prompt_cache(cache, excess) != excess:
-            return None, 0
-        return cache, match.length
+        try:
+            extra = [from_host(block) for block in match.loaded or ()]
+            if match.entry is None:
+                cache = self.kv.memory.cache_from_blocks(extra) if extra else None
+            else:
+                cache = self.kv.memory.cache_for(match.entry.id, match.memory_length, extra)
+        finally:
+            self.outbox.release(match)
+        return (cache, match.length) if cache is not None else (None, 0)
 
     def _remove(self, handle: GenerationHandle) -> None:
         seq = self.by_handle.pop(handle, None)
@@ -231,17 +263,37 @@ class EngineLoop:
         self.outbox.deliver([(handle, _final("cancelled", seq.stats))])
 
     def _keep_snapshot(self, key: Any, cache: list[Any] | None, tokens: list[int]) -> None:
-        """Hold a finished or cancelled sequence's KV and tell the index about it."""
+        """Hold a sequence's KV (cut into shared blocks where it can be), spill
+        its new blocks to disk, and tell the index about it."""
         if not self.settings.cache_enabled or not cache or not tokens:
             return
-        from mlx_lm.models.cache import can_trim_prompt_cache
-
         entry_id = self.next_entry_id()
-        self.snapshots[entry_id] = cache
-        nbytes = sum(c.nbytes for c in cache)
+        names = chain(self.loaded.cache_root(key[1]), tokens)
+        kept = self.kv.memory.keep(entry_id, cache, names)
+        self.kv.spill(kept.new_blocks)
         self.outbox.snapshot(
-            Entry(entry_id, key, list(tokens), nbytes, can_trim_prompt_cache(cache))
+            Entry(
+                entry_id,
+                key,
+                list(tokens),
+                kept.own_nbytes,
+                kept.trimmable,
+                blocks=kept.blocks,
+                block_nbytes=kept.block_nbytes,
+            )
         )
+
+    def _share(self) -> None:
+        """Snapshot the sequences another request waits to start from, once
+        their prompt is prefilled (see :meth:`.engine.Engine.lookup`)."""
+        for seq in list(self.live.values()):
+            handle = seq.handle
+            if not handle.share_requested or seq.shared or seq.prefilling:
+                continue
+            seq.shared = True
+            for cache, tokens in self.gen.extract_cache([seq.uid]).values():
+                self._keep_snapshot(handle.cache_key, cache, tokens)
+            self.outbox.shared(handle)
 
     # -- stepping --------------------------------------------------------------
 
@@ -258,6 +310,8 @@ class EngineLoop:
             self.pacer.observe(timing.prompt_tokens, timing.prompt_time, context)
         deliveries = self._collect(prompt_responses, gen_responses)
         deliveries.extend(self._fail_guarded())
+        if self.settings.cache_enabled:
+            self._share()
         if deliveries:
             self.outbox.deliver(deliveries)
 
@@ -363,6 +417,7 @@ class EngineLoop:
                 seq.prefill_started_at = now
                 seq.stats.queue_seconds = now - seq.submitted_at
             seq.stats.prefilled_tokens = int(r.progress[0])
+            seq.handle.prefilled = seq.context
             if r.end_of_prompt:
                 seq.prefill_done_at = now
         self.stats.max_batch_size = max(self.stats.max_batch_size, len(gen_responses))

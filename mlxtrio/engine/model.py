@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ..grammar.compiler import grammar_tokenizer
+from .blocks import root_name
 from .constraints import TokenTexts
 from .precision import apply_compute_dtype
 
@@ -42,10 +43,17 @@ class LoadedModel:
     tool_call_end_token: int | None = None
     # llguidance's view of the tokenizer (None: no constrained decoding).
     grammar_tokenizer: Any = None
+    # Names these weights computing in ``dtype``: KV blocks cached on disk are
+    # only ever reused by the same fingerprint.
+    fingerprint: str = ""
 
     @property
     def context_length(self) -> int:
         return int(self.config.get("max_position_embeddings") or 32768)
+
+    def cache_root(self, domain: str) -> bytes:
+        """The start of the block-name chain for ``domain`` (see :mod:`.blocks`)."""
+        return root_name(self.fingerprint, domain)
 
 
 def load_model(name: str, path: str, compute_dtype: str) -> LoadedModel:
@@ -86,6 +94,7 @@ def load_model(name: str, path: str, compute_dtype: str) -> LoadedModel:
         tool_call_mask_token=maskable_marker_token(tokenizer),
         tool_call_end_token=tool_call_end_token,
         grammar_tokenizer=grammar_tokenizer(tokenizer, max(vocab_size, len(texts.texts))),
+        fingerprint=weights_fingerprint(path, config, precision.dtype),
     )
     log.info(
         "model %s ready in %.2f s (%s, %d layers, context %d, %s)",
@@ -97,6 +106,26 @@ def load_model(name: str, path: str, compute_dtype: str) -> LoadedModel:
         loaded.dtype,
     )
     return loaded
+
+
+def weights_fingerprint(path: str, config: dict[str, Any], dtype: str) -> str:
+    """A name for these weights computing in ``dtype``: the configuration, and
+    each weight file's name and size (hashing the weights themselves would cost
+    a full read of them at every start)."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
+    digest.update(dtype.encode())
+    directory = Path(path)
+    if directory.is_dir():
+        for weights in sorted(directory.glob("*.safetensors")):
+            digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
+    else:
+        digest.update(path.encode())
+    return digest.hexdigest()
 
 
 def _single_token(tokenizer: Any, text: str | None) -> int | None:

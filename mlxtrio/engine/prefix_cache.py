@@ -23,7 +23,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
+from .blocks import BLOCK_TOKENS
+from .disk_index import DiskIndex
 from .radix import PrefixMatch, RadixTree
 
 
@@ -32,18 +35,29 @@ class Entry:
     id: int
     key: Hashable  # (model, domain)
     tokens: list[int]
-    nbytes: int
+    nbytes: int  # its own KV: the tail after its blocks, or the whole cache
     trimmable: bool
     pins: int = 0
+    blocks: tuple[bytes, ...] = ()  # names of the shared blocks it starts with
+    block_nbytes: int = 0  # bytes of one block
 
 
 @dataclass
 class Match:
-    """A reusable prefix: the first ``length`` tokens of ``entry``."""
+    """A reusable prefix of ``length`` tokens: the first tokens of ``entry`` (if
+    any), then the ``disk`` blocks, read from disk into ``loaded`` before the
+    sequence starts."""
 
-    entry: Entry
+    entry: Entry | None
     length: int
+    disk: tuple[bytes, ...] = ()
+    loaded: list[Any] | None = field(default=None, repr=False)
     _released: bool = field(default=False, repr=False)
+
+    @property
+    def memory_length(self) -> int:
+        """Tokens taken from ``entry``."""
+        return self.length - len(self.disk) * BLOCK_TOKENS
 
 
 @dataclass
@@ -59,13 +73,20 @@ class PrefixIndex:
     """Owned by the Trio thread. ``drop`` is called with the ids of evicted entries
     (the engine frees their snapshots)."""
 
-    def __init__(self, budget_bytes: int, drop: Callable[[list[int]], None]) -> None:
+    def __init__(
+        self,
+        budget_bytes: int,
+        drop: Callable[[list[int]], None],
+        disk: DiskIndex | None = None,
+    ) -> None:
         self.budget_bytes = budget_bytes
         self._drop = drop
+        self.disk = disk
         self._trees: dict[Hashable, RadixTree[Entry]] = {}
         self._entries: dict[int, Entry] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # least recently used first
-        self.nbytes = 0
+        self._block_refs: dict[bytes, int] = {}  # shared blocks: snapshots naming each
+        self.nbytes = 0  # own KV of every snapshot, plus each shared block once
         self.stats = CacheStats()
 
     @property
@@ -77,18 +98,59 @@ class PrefixIndex:
 
     # -- lookup ----------------------------------------------------------------
 
-    def lookup(self, key: Hashable, tokens: list[int]) -> Match | None:
+    def lookup(
+        self, key: Hashable, tokens: list[int], names: Callable[[], list[bytes]] | None = None
+    ) -> Match | None:
         """The longest reusable prefix of ``tokens`` (at least one token is always
-        left to feed the model), pinned; or None. Counts a hit or a miss."""
+        left to feed the model), pinned; or None. ``names`` gives the chain names
+        of the prompt's full blocks (for the disk tier). Counts a hit or a miss."""
         match = self._best(key, tokens) if self.enabled and len(tokens) > 1 else None
+        if names is not None and self.disk is not None and len(self.disk):
+            match = self._extended_from_disk(match, names(), len(tokens) - 1)
         if match is None:
             self.stats.misses += 1
             return None
         self.stats.hits += 1
         self.stats.cached_tokens += match.length
-        match.entry.pins += 1
-        self._lru.move_to_end(match.entry.id)
+        if match.entry is not None:
+            match.entry.pins += 1
+            self._lru.move_to_end(match.entry.id)
         return match
+
+    def _extended_from_disk(
+        self, match: Match | None, names: list[bytes], limit: int
+    ) -> Match | None:
+        """``match``, or a longer one that goes on with blocks from disk. Disk
+        blocks follow the memory snapshot's whole blocks (its tail is private)."""
+        assert self.disk is not None
+        names = names[: limit // BLOCK_TOKENS]
+        memory = match.length // BLOCK_TOKENS if match is not None else 0
+        if match is not None and match.entry is not None and not match.entry.blocks:
+            memory = 0  # a whole (uncut) snapshot: disk blocks cannot follow it
+        on_disk = self.disk.run(names[memory:])
+        if (memory + on_disk) * BLOCK_TOKENS <= (match.length if match else 0):
+            return match
+        entry = match.entry if match is not None and memory else None
+        return Match(entry, (memory + on_disk) * BLOCK_TOKENS, tuple(names[memory:][:on_disk]))
+
+    def shorten(self, match: Match, readable: int) -> Match | None:
+        """``match`` with only its first ``readable`` disk blocks (the others
+        could not be read); None if nothing is left. Keeps the pin."""
+        lost = (len(match.disk) - readable) * BLOCK_TOKENS
+        self.stats.cached_tokens -= lost
+        match.disk = match.disk[:readable]
+        match.length -= lost
+        if match.length == 0:
+            self.stats.hits -= 1
+            self.stats.misses += 1
+            self.release(match)
+            return None
+        return match
+
+    def held_length(self, key: Hashable, tokens: list[int]) -> int:
+        """How long a prefix of ``tokens`` memory holds (no pin, no counting)."""
+        match = self._best(key, tokens) if self.enabled and len(tokens) > 1 else None
+        return match.length if match is not None else 0
 
     def _best(self, key: Hashable, tokens: list[int]) -> Match | None:
         """The longest usable prefix: a whole snapshot that is a prefix of
@@ -115,6 +177,9 @@ class PrefixIndex:
         if match is None or match._released:
             return
         match._released = True
+        match.loaded = None
+        if match.entry is None:
+            return
         match.entry.pins -= 1
         if match.entry.id in self._entries:
             self._evict_over_budget()
@@ -128,7 +193,8 @@ class PrefixIndex:
         if not self.enabled or not entry.tokens:
             self._drop([entry.id])
             return
-        if entry.nbytes > self.budget_bytes:  # it would only evict everything, itself last
+        if entry.nbytes + len(entry.blocks) * entry.block_nbytes > self.budget_bytes:
+            # It would only evict everything, itself last.
             self.stats.evictions += 1
             self._drop([entry.id])
             return
@@ -151,6 +217,11 @@ class PrefixIndex:
         self._entries[entry.id] = entry
         self._lru[entry.id] = None
         self.nbytes += entry.nbytes
+        for name in entry.blocks:
+            refs = self._block_refs.get(name, 0)
+            self._block_refs[name] = refs + 1
+            if not refs:
+                self.nbytes += entry.block_nbytes
         if dropped:
             self._drop(dropped)
         self._evict_over_budget()
@@ -179,6 +250,17 @@ class PrefixIndex:
         if self._entries.pop(entry.id, None) is not None:
             self._lru.pop(entry.id, None)
             self.nbytes -= entry.nbytes
+            for name in entry.blocks:
+                refs = self._block_refs[name] - 1
+                if refs:
+                    self._block_refs[name] = refs
+                else:
+                    del self._block_refs[name]
+                    self.nbytes -= entry.block_nbytes
+
+    @property
+    def shared_blocks(self) -> int:
+        return len(self._block_refs)
 
     def clear(self) -> None:
         ids = list(self._entries)

@@ -177,3 +177,8 @@ def _shared_length(edge: list[int], tokens: list[int], start: int) -> int:
         else:
             high = mid
     return low
+
+
+def common_prefix_length(a: list[int], b: list[int], limit: int) -> int:
+    """How many leading tokens ``a`` and ``b`` share, at most ``limit``."""
+    return _shared_length(a[:limit], b, 0)

@@ -51,6 +51,7 @@ class LiveSequence:
     prefill_started_at: float | None = None
     prefill_done_at: float | None = None
     first_token_at: float | None = None
+    shared: bool = False  # snapshotted for a request waiting to reuse its prompt
 
     @property
     def prefilling(self) -> bool:

@@ -106,6 +106,8 @@ class EngineStats:
     max_batch_size: int = 0  # most sequences decoded in one step
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    # Requests that waited for a running sequence's KV instead of prefilling it.
+    inflight_waits: int = 0
     # Steps between cancel() and removal, most recent last (bounded).
     cancel_latency_steps: list[int] = field(default_factory=list)
     # What the most recently cancelled sequence had done when it was removed.

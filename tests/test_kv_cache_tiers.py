@@ -1,0 +1,288 @@
+"""The prefix cache at agent scale: shared blocks held once, a disk tier that
+survives restarts and never serves a damaged block, and in-flight reuse of a
+prefill that is still running or being cancelled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import trio
+
+from mlxtrio.engine.blocks import BLOCK_TOKENS
+from mlxtrio.engine.engine import Engine
+from mlxtrio.engine.types import SamplingParams
+from mlxtrio.settings import EMBEDDED_MODEL_PATH
+
+from .conftest import SCRIPTED, RawConnection, Server, start_server, wait_until
+
+SHARED = "".join(f"Rule {i}: keep the build green and the diffs small. " for i in range(900))
+
+
+def claude(server: Server) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=server.url, api_key="x", max_retries=0)
+
+
+def tail(i: int) -> str:
+    return " ".join(f"session {i} note {j}" for j in range(60))
+
+
+async def ask(server: Server, system: str, question: str) -> tuple[int, int, dict[str, str]]:
+    """(prompt tokens, cached tokens, headers) of one non-streamed message."""
+    async with claude(server) as client:
+        raw = await client.messages.with_raw_response.create(
+            model=SCRIPTED,
+            max_tokens=8,
+            system=system,
+            messages=[{"role": "user", "content": question}],
+        )
+    usage = (await raw.parse()).usage
+    cached = usage.cache_read_input_tokens or 0
+    assert int(raw.headers["x-cached-tokens"]) == cached
+    return usage.input_tokens + cached, cached, dict(raw.headers)
+
+
+async def test_a_shared_system_prompt_is_held_once(server_factory, scripted_model_path) -> None:
+    """Six conversations over one ~12k-token system prompt with their own
+    ~300-token tails hold at most 1.5x the bytes of one, and each stays warm."""
+    server = await server_factory(
+        model=scripted_model_path, model_name=SCRIPTED, prefix_cache_disk_bytes=0
+    )
+    index = server.engine.prefix_index
+    sizes = []
+    for i in range(6):
+        prompt_tokens, _, _ = await ask(server, SHARED + tail(i), "hi")
+        await wait_until(lambda n=i: len(index) == n + 1, what="snapshot indexed")
+        sizes.append(index.nbytes)
+    assert prompt_tokens > 12_000
+    assert sizes[-1] <= 1.5 * sizes[0], sizes
+    # Every block but those holding a tail is shared by all six.
+    assert index.shared_blocks <= prompt_tokens // BLOCK_TOKENS + 6 * 2
+    for i in range(6):  # each conversation is still whole
+        total, cached, _ = await ask(server, SHARED + tail(i), "hi")
+        assert cached == total - 1
+
+
+async def test_blocks_count_the_memory_they_hold(server_factory, scripted_model_path) -> None:
+    """The index's bytes are the KV arrays really held: after the sequences
+    are gone, MLX's active memory grew by about what the index counts."""
+    import mlx.core as mx
+
+    server = await server_factory(
+        model=scripted_model_path, model_name=SCRIPTED, prefix_cache_disk_bytes=0
+    )
+    await ask(server, "warm up", "hi")
+    index = server.engine.prefix_index
+    await wait_until(lambda: len(index) == 1, what="warm-up snapshot")
+    before_memory, before_counted = mx.get_active_memory(), index.nbytes
+    for i in range(4):
+        await ask(server, SHARED + tail(i), "hi")
+    await wait_until(lambda: len(index) == 5, what="snapshots")
+    await wait_until(lambda: server.engine.active_sequences == 0, what="idle")
+    grown, counted = mx.get_active_memory() - before_memory, index.nbytes - before_counted
+    assert 0.8 * counted <= grown <= 1.2 * counted, (grown, counted)
+
+
+async def _spilled(server: Server, blocks: int) -> None:
+    disk = server.engine.prefix_index.disk
+    assert disk is not None
+    await wait_until(lambda: len(disk) >= blocks, timeout=30, what="blocks written to disk")
+
+
+async def test_blocks_on_disk_survive_a_restart(scripted_model_path, tmp_path: Path) -> None:
+    settings: dict[str, Any] = {
+        "model": scripted_model_path,
+        "model_name": SCRIPTED,
+        "data_dir": str(tmp_path),
+    }
+    async with trio.open_nursery() as nursery:
+        server = await start_server(nursery, **settings)
+        total, cached, _ = await ask(server, SHARED, "first question")
+        assert cached == 0
+        await _spilled(server, total // BLOCK_TOKENS)
+        nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:
+        server = await start_server(nursery, **settings)
+        total, cached, headers = await ask(server, SHARED, "first question")
+        assert cached >= 0.95 * total and cached == (total - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+        assert headers["x-session-cache"] == "prefix_hit"
+        # A second project: the same system prompt, another first message.
+        other_total, other_cached, _ = await ask(server, SHARED, "another project entirely")
+        assert other_cached >= 0.9 * other_total
+        nursery.cancel_scope.cancel()
+
+
+async def test_damaged_block_files_are_never_served(scripted_model_path, tmp_path: Path) -> None:
+    settings: dict[str, Any] = {
+        "model": scripted_model_path,
+        "model_name": SCRIPTED,
+        "data_dir": str(tmp_path),
+    }
+    async with trio.open_nursery() as nursery:
+        server = await start_server(nursery, **settings)
+        total, _, _ = await ask(server, SHARED, "question")
+        await _spilled(server, total // BLOCK_TOKENS)
+        names = list(server.engine.prefix_index.disk._files)  # oldest (first block) first
+        nursery.cancel_scope.cancel()
+    flipped, data = damage(tmp_path, names[20], names[30])
+    async with trio.open_nursery() as nursery:
+        server = await start_server(nursery, **settings)
+        _, cached, _ = await ask(server, SHARED, "question")
+        assert cached == 20 * BLOCK_TOKENS  # everything before the damaged block
+        disk = server.engine.prefix_index.disk
+        assert disk is not None and disk.corrupt == 1
+        # The request prefilled the rest; the damaged block was written anew.
+        await wait_until(lambda: names[20] in disk, what="rewritten")
+        assert flipped.read_bytes() != data  # noqa: ASYNC240
+        nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:  # the truncated one is found when reached
+        server = await start_server(nursery, **settings)
+        _, cached, _ = await ask(server, SHARED, "question")
+        assert cached == 30 * BLOCK_TOKENS
+        disk = server.engine.prefix_index.disk
+        assert disk is not None and disk.corrupt == 1
+        nursery.cancel_scope.cancel()
+
+
+def damage(data_dir: Path, flip: bytes, truncate: bytes) -> tuple[Path, bytes]:
+    """Flip bits inside one block file and cut another short; returns the
+    first's path and its damaged bytes."""
+    flipped = next(data_dir.rglob(flip.hex() + ".safetensors"))
+    data = bytearray(flipped.read_bytes())
+    data[-100] ^= 0xFF  # inside the last tensor's bytes
+    flipped.write_bytes(bytes(data))
+    truncated = next(data_dir.rglob(truncate.hex() + ".safetensors"))
+    truncated.write_bytes(truncated.read_bytes()[:1000])
+    return flipped, bytes(data)
+
+
+LONG_TASK = {
+    "model": SCRIPTED,
+    "instructions": SHARED[:20_000],
+    "input": "LOOP",
+    "stream": True,
+    "max_output_tokens": 10**6,
+}
+
+
+async def test_a_retry_after_a_hang_up_reuses_the_aborted_prefill(
+    server_factory, scripted_model_path
+) -> None:
+    """Claude Code's retry: the stream is dropped mid-prefill and the same
+    request comes back at once, without streaming; it starts from what the
+    dropped one prefilled."""
+    server = await server_factory(
+        model=scripted_model_path,
+        model_name=SCRIPTED,
+        prefill_chunk=32,
+        prefill_step_seconds=0.001,
+        prefix_cache_disk_bytes=0,
+    )
+    engine = server.engine
+    conn = await RawConnection.open(server)
+    await conn.post_json("/v1/responses", LONG_TASK)
+    await conn.read_until(b"response.created")
+    await wait_until(lambda: prefilling(engine, 1000), what="prefilling")
+    await conn.close()
+    async with server.client() as client:
+        r = await client.post(
+            "/v1/responses", json={**LONG_TASK, "stream": False, "max_output_tokens": 2}
+        )
+    assert r.status_code == 200, r.text
+    cached = int(r.headers["x-cached-tokens"])
+    assert cached == r.json()["usage"]["input_tokens_details"]["cached_tokens"]
+    assert cached >= 1000
+    last = engine.stats.last_cancelled
+    assert last is not None
+    assert cached >= last.cached_tokens + last.prefilled_tokens - 1
+
+
+async def test_a_request_joins_a_prefill_in_flight(server_factory, scripted_model_path) -> None:
+    """Two requests with one long prefix: the second waits for the first's
+    prefill instead of prefilling the same tokens beside it."""
+    server = await server_factory(
+        model=scripted_model_path,
+        model_name=SCRIPTED,
+        prefill_chunk=32,
+        prefill_step_seconds=0.001,
+        prefix_cache_disk_bytes=0,
+    )
+    engine = server.engine
+    async with trio.open_nursery() as nursery, server.client() as client:
+        first = await RawConnection.open(server)
+        await first.post_json("/v1/responses", LONG_TASK)
+        await first.read_until(b"response.created")
+        await wait_until(lambda: prefilling(engine, 500), what="prefilling")
+        r = await client.post(
+            "/v1/responses",
+            json={
+                **LONG_TASK,
+                "input": "another question",
+                "stream": False,
+                "max_output_tokens": 2,
+            },
+        )
+        await first.close()
+        nursery.cancel_scope.cancel()
+    assert r.status_code == 200, r.text
+    assert engine.stats.inflight_waits == 1
+    usage = r.json()["usage"]
+    assert usage["input_tokens_details"]["cached_tokens"] >= usage["input_tokens"] - 32
+
+
+def prefilling(engine: Engine, past: int) -> bool:
+    """Whether a sequence is prefilling and has more than ``past`` tokens in
+    its KV (the engine's progress, as the handle reports it)."""
+    return any(past < h.prefilled < len(h.prompt) - 1 for h in engine._live_handles if not h.done)
+
+
+async def test_disk_blocks_give_the_same_greedy_output_as_cold(tmp_path: Path) -> None:
+    """The correctness guard for the disk round trip, on the embedded model in
+    its stored bfloat16: a prompt continued from blocks read back from disk
+    (after a restart) generates exactly what a cold run does."""
+    prompt: list[int] = []
+
+    async def run(cache_bytes: int) -> tuple[list[int], int]:
+        engine = Engine(
+            "tiny",
+            str(EMBEDDED_MODEL_PATH),
+            capacity=2,
+            prefill_chunk=256,
+            default_max_tokens=32,
+            prefix_cache_bytes=cache_bytes,
+            prefix_cache_disk_bytes=cache_bytes,
+            cache_dir=tmp_path,
+            compute_dtype="model",
+        )
+        await engine.start()
+        try:
+            if not prompt:
+                messages = [
+                    {"role": "system", "content": SHARED[:6000]},
+                    {"role": "user", "content": "What is the first rule?"},
+                ]
+                prompt.extend(
+                    engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+                )
+            match = await engine.lookup(prompt)
+            tokens: list[int] = []
+            try:
+                async with engine.submit(prompt, SamplingParams(max_tokens=24), match=match) as h:
+                    async for event in h:
+                        tokens.extend(event.token_ids)
+            finally:
+                engine.release(match)
+            if cache_bytes and engine.prefix_index.disk is not None:
+                need = len(prompt) // BLOCK_TOKENS
+                await wait_until(lambda: len(engine.prefix_index.disk) >= need, timeout=30)
+            return tokens, h.stats.cached_tokens
+        finally:
+            await engine.stop(1)
+
+    cold, cold_cached = await run(0)
+    first, first_cached = await run(1 << 30)  # writes the blocks
+    again, again_cached = await run(1 << 30)  # a restart: reads them back
+    assert cold_cached == first_cached == 0
+    assert again_cached == (len(prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS > 0
+    assert cold == first == again
