@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import pytest
 import trio
 
 from mlxtrio.engine.blocks import BLOCK_TOKENS
@@ -286,3 +287,55 @@ async def test_disk_blocks_give_the_same_greedy_output_as_cold(tmp_path: Path) -
     assert cold_cached == first_cached == 0
     assert again_cached == (len(prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS > 0
     assert cold == first == again
+
+
+@pytest.fixture(scope="session")
+def hybrid_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    from .scripted_hybrid import KINDS, build_hybrid
+
+    return {kind: str(build_hybrid(tmp_path_factory.mktemp(kind), kind)) for kind in KINDS}
+
+
+@pytest.mark.parametrize("kind", ["ssm", "sliding"])
+async def test_untrimmable_caches_are_reused_from_turn_boundaries(
+    server_factory, hybrid_models: dict[str, str], kind: str
+) -> None:
+    """Recurrent (Qwen3.5-style) and sliding-window (Gemma 3) caches cannot be
+    trimmed back to a shared prefix: each prompt is snapshotted where the
+    conversation ends, before the generation prompt, and the next turn starts
+    there, with the greedy output of a cold run."""
+    path = hybrid_models[kind]
+    warm = await server_factory(model=path, model_name="hybrid", prefix_cache_disk_bytes=0)
+    cold = await server_factory(model=path, model_name="hybrid", prefix_cache_bytes=0)
+    assert warm.engine.loaded.generation_suffixes and not warm.engine.loaded.plain_kv
+
+    async def turn(server: Server, messages: list[dict[str, str]]) -> tuple[Any, int]:
+        async with claude(server) as client:
+            raw = await client.messages.with_raw_response.create(
+                model="hybrid",
+                max_tokens=8,
+                extra_body={"temperature": 0},
+                system=SHARED[:1500],
+                messages=messages,
+            )
+        return await raw.parse(), int(raw.headers["x-cached-tokens"])
+
+    first = [{"role": "user", "content": "What is the first rule?"}]
+    reply, cached = await turn(warm, first)
+    assert cached == 0
+    prompt_tokens = reply.usage.input_tokens
+    index = warm.engine.prefix_index
+    await wait_until(
+        lambda: len(index) == 2,
+        what=f"two snapshots, not {[len(e.tokens) for e in index._entries.values()]} of {prompt_tokens}",
+    )
+    boundary = min(len(e.tokens) for e in index._entries.values())
+    assert prompt_tokens - 16 <= boundary < prompt_tokens  # less the generation prompt
+    # The client's record of the reply differs from what was generated (the
+    # snapshot at its end cannot be used; the one at the boundary can).
+    edited = {"role": "assistant", "content": "An edited reply."}
+    second = [*first, edited, {"role": "user", "content": "Why?"}]
+    warm_reply, warm_cached = await turn(warm, second)
+    cold_reply, cold_cached = await turn(cold, second)
+    assert warm_cached == boundary and cold_cached == 0
+    assert warm_reply.content == cold_reply.content

@@ -191,10 +191,12 @@ class EngineLoop:
         detokenizer = tokenizer.detokenizer
         cache, reused = self._cache_for(handle)
         stats = GenerationStats(prompt_tokens=len(handle.prompt), cached_tokens=reused)
+        boundary = self._boundary(handle.prompt, reused)
+        segments = [handle.prompt[reused:boundary], handle.prompt[boundary:]]
         # Nothing after the insert can fail: a sequence the generator holds is
         # always one the loop knows.
-        (uid,) = self.gen.insert(
-            [handle.prompt[reused:]],
+        (uid,) = self.gen.insert_segments(
+            [[s for s in segments if s]],
             max_tokens=[params.max_tokens],
             caches=[cache],
             all_tokens=[handle.prompt[:reused]],
@@ -203,9 +205,24 @@ class EngineLoop:
             stop_sequences=[stops],
         )
         seq = LiveSequence(handle, uid, detokenizer, time.perf_counter(), stats, guard, generated)
+        seq.boundary = boundary if boundary < len(handle.prompt) else None
         self.live[uid] = seq
         self.by_handle[handle] = seq
         self.stats.submitted += 1
+
+    def _boundary(self, prompt: list[int], reused: int) -> int:
+        """Where to snapshot a prompt whose cache cannot be trimmed: at the end
+        of the conversation, before the template's generation prompt, which is
+        where the next turn's prompt goes on (the snapshot at the end of the
+        reply rarely matches it: the reply is re-rendered). ``len(prompt)``
+        when no snapshot is due."""
+        if self.loaded.plain_kv or not self.settings.cache_enabled:
+            return len(prompt)
+        for suffix in self.loaded.generation_suffixes:
+            boundary = len(prompt) - len(suffix)
+            if tuple(prompt[boundary:]) == suffix:
+                return boundary if reused < boundary < len(prompt) - 1 else len(prompt)
+        return len(prompt)
 
     def _spelling(self, text: str) -> tuple[int, ...]:
         """How the tokenizer spells ``text`` (tool-call openings recur per request)."""
@@ -282,6 +299,12 @@ class EngineLoop:
                 block_nbytes=kept.block_nbytes,
             )
         )
+
+    def _snapshot_at_boundary(self, seq: LiveSequence) -> None:
+        """Keep the KV of a sequence that just prefilled up to its boundary."""
+        seq.boundary = None
+        for cache, tokens in self.gen.extract_cache([seq.uid]).values():
+            self._keep_snapshot(seq.handle.cache_key, cache, tokens)
 
     def _share(self) -> None:
         """Snapshot the sequences another request waits to start from, once
@@ -418,6 +441,8 @@ class EngineLoop:
                 seq.stats.queue_seconds = now - seq.submitted_at
             seq.stats.prefilled_tokens = int(r.progress[0])
             seq.handle.prefilled = seq.context
+            if seq.boundary is not None and r.end_of_segment and seq.context >= seq.boundary:
+                self._snapshot_at_boundary(seq)
             if r.end_of_prompt:
                 seq.prefill_done_at = now
         self.stats.max_batch_size = max(self.stats.max_batch_size, len(gen_responses))

@@ -46,6 +46,13 @@ class LoadedModel:
     # Names these weights computing in ``dtype``: KV blocks cached on disk are
     # only ever reused by the same fingerprint.
     fingerprint: str = ""
+    # Whether every layer's cache is a plain KVCache (cut into shared blocks,
+    # trimmed to any prefix); if not, snapshots are taken at exact boundaries.
+    plain_kv: bool = True
+    # What the chat template may append to a conversation to prompt the
+    # model's turn (with thinking on, and off), longest first: the next turn's
+    # prompt goes on where a prompt minus it ends.
+    generation_suffixes: tuple[tuple[int, ...], ...] = ()
 
     @property
     def context_length(self) -> int:
@@ -95,6 +102,8 @@ def load_model(name: str, path: str, compute_dtype: str) -> LoadedModel:
         tool_call_end_token=tool_call_end_token,
         grammar_tokenizer=grammar_tokenizer(tokenizer, max(vocab_size, len(texts.texts))),
         fingerprint=weights_fingerprint(path, config, precision.dtype),
+        plain_kv=_plain_kv(model),
+        generation_suffixes=_generation_suffixes(tokenizer),
     )
     log.info(
         "model %s ready in %.2f s (%s, %d layers, context %d, %s)",
@@ -126,6 +135,34 @@ def weights_fingerprint(path: str, config: dict[str, Any], dtype: str) -> str:
     else:
         digest.update(path.encode())
     return digest.hexdigest()
+
+
+def _plain_kv(model: Any) -> bool:
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    return all(type(c) is KVCache for c in make_prompt_cache(model))
+
+
+def _generation_suffixes(tokenizer: Any) -> tuple[tuple[int, ...], ...]:
+    """The tokens the chat template adds for the generation prompt, with
+    thinking on and off, longest first (none when it cannot say)."""
+    conversation = [{"role": "user", "content": "\u00b6"}]
+    found = set()
+    for thinking in (True, False):
+        try:
+            bare, full = (
+                list(
+                    tokenizer.apply_chat_template(
+                        conversation, add_generation_prompt=generation, enable_thinking=thinking
+                    )
+                )
+                for generation in (False, True)
+            )
+        except Exception:  # a template that needs more than one user message
+            continue
+        if full[: len(bare)] == bare and len(full) > len(bare):
+            found.add(tuple(full[len(bare) :]))
+    return tuple(sorted(found, key=len, reverse=True))
 
 
 def _single_token(tokenizer: Any, text: str | None) -> int | None:

@@ -52,6 +52,9 @@ class LiveSequence:
     prefill_done_at: float | None = None
     first_token_at: float | None = None
     shared: bool = False  # snapshotted for a request waiting to reuse its prompt
+    # Where its prompt's turn boundary is, until it is snapshotted there
+    # (caches that cannot be trimmed: see EngineLoop._segments).
+    boundary: int | None = None
 
     @property
     def prefilling(self) -> bool:
