@@ -83,6 +83,30 @@ _LIVE: list[tuple[str, str, str, Callable[[Any, Any], float]]] = [
         "gauge",
         lambda e, lane: len(e.prefix_index),
     ),
+    (
+        "mlxtrio_prefix_cache_shared_blocks",
+        "256-token KV blocks held in memory (each once, however many snapshots share it)",
+        "gauge",
+        lambda e, lane: e.prefix_index.shared_blocks,
+    ),
+    (
+        "mlxtrio_prefix_cache_disk_bytes",
+        "Bytes of KV block files in the disk tier",
+        "gauge",
+        lambda e, lane: e.prefix_index.disk.nbytes if e.prefix_index.disk else 0,
+    ),
+    (
+        "mlxtrio_prefix_cache_disk_blocks",
+        "KV block files in the disk tier",
+        "gauge",
+        lambda e, lane: len(e.prefix_index.disk) if e.prefix_index.disk else 0,
+    ),
+    (
+        "mlxtrio_prefix_cache_inflight_waits",
+        "Requests that waited for a running sequence's KV instead of prefilling it",
+        "counter",
+        lambda e, lane: e.stats.inflight_waits,
+    ),
 ]
 
 

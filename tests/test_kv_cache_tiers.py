@@ -338,4 +338,27 @@ async def test_untrimmable_caches_are_reused_from_turn_boundaries(
     warm_reply, warm_cached = await turn(warm, second)
     cold_reply, cold_cached = await turn(cold, second)
     assert warm_cached == boundary and cold_cached == 0
+    # What the engine really started from, not only what the lookup promised.
+    assert warm_reply.usage.cache_read_input_tokens == warm_cached
     assert warm_reply.content == cold_reply.content
+
+
+def test_a_whole_snapshot_is_trimmed_to_the_length_asked() -> None:
+    """A cache that cannot be cut into blocks but can be trimmed (a sliding
+    window that has not wrapped yet) comes back holding exactly the prefix."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import RotatingKVCache
+
+    from mlxtrio.engine.kv_store import KVStore
+
+    cache = RotatingKVCache(max_size=64)
+    keys = mx.random.normal((1, 2, 40, 8))
+    cache.update_and_fetch(keys, keys + 1)
+    store = KVStore()
+    kept = store.keep(7, [cache], [], 40)
+    assert kept.trimmable and not kept.blocks
+    rebuilt = store.cache_for(7, 30)
+    assert rebuilt is not None and rebuilt[0].offset == 30
+    assert mx.array_equal(rebuilt[0].state[0][..., :30, :], keys[..., :30, :])
+    exact = store.cache_for(7, 40)
+    assert exact is not None and exact[0].offset == 40

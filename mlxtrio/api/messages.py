@@ -73,8 +73,10 @@ async def create_message() -> Response:
         constraints=await output_constraints(engine, conversation, prompt),
         starts_in_reasoning=prompt.starts_in_reasoning,
     )
-    cache = await lookup(engine, prompt)
+    # The place first: a request that waits for an in-flight prefill (or
+    # reads blocks from disk) holds its place in the queue meanwhile.
     ticket = reserve(engine)
+    cache = await lookup(engine, prompt)
     message = MessageObject(model=request.model)
     run: Run = partial(
         generate,

@@ -103,8 +103,8 @@ async def begin(
         constraints=await output_constraints(turn.engine, turn.conversation, prompt),
     )
     continuation = request.previous_response_id is not None
-    cache = await lookup(turn.engine, prompt, cache_domain(request), continuation)
     ticket = reserve(turn.engine)
+    cache = await lookup(turn.engine, prompt, cache_domain(request), continuation)
     return Run(turn, prompt, sampling, cache, ticket, initial_response(turn, sampling))
 
 

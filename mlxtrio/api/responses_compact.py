@@ -177,8 +177,8 @@ async def _summarize(
     request, engine = turn.request, turn.engine
     sampling = summary_sampling(request, engine, prompt)
     continuation = request.previous_response_id is not None
-    cache = await lookup(engine, prompt, cache_domain(request), continuation)
     ticket = reserve(engine)
+    cache = await lookup(engine, prompt, cache_domain(request), continuation)
     result = await generate(engine, ticket, prompt, sampling, conversation, _ignore, cache)
     if result.finish_reason == "cancelled":
         raise unavailable(SHUTDOWN_MESSAGE)

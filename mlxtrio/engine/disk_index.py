@@ -31,6 +31,10 @@ class DiskIndex:
     def __contains__(self, name: bytes) -> bool:
         return name in self._files
 
+    def size(self, name: bytes) -> int:
+        """The file's size (about the block's bytes in memory); 0 if unknown."""
+        return self._files.get(name, 0)
+
     def run(self, names: list[bytes]) -> int:
         """How many of ``names``, from the first, are on disk (marked used)."""
         count = 0
@@ -50,9 +54,11 @@ class DiskIndex:
             self.nbytes += nbytes
         self._evict_over_budget()
 
-    def unreadable(self, names: list[bytes]) -> None:
-        """Files a read found truncated, corrupt or gone: never offered again."""
-        self.corrupt += len(names)
+    def unreadable(self, names: list[bytes], damaged: bool = True) -> None:
+        """Files a read found truncated or corrupt (``damaged``), or gone:
+        never offered again."""
+        if damaged:
+            self.corrupt += len(names)
         self._remove(names)
 
     def _evict_over_budget(self) -> None:

@@ -121,9 +121,14 @@ def write_block(directory: Path, name: bytes, block: HostBlock) -> int:
     return final.stat().st_size
 
 
-def read_block(directory: Path, name: bytes) -> HostBlock | None:
-    """One block's arrays, or None if its file is missing or fails a check."""
-    from safetensors import safe_open
+class DamagedBlock(ValueError):
+    """A block file that is not what its name says: never to be served."""
+
+
+def read_block(directory: Path, name: bytes) -> HostBlock:
+    """One block's arrays. Raises :class:`DamagedBlock` for a truncated,
+    corrupt or foreign file, ``OSError`` when it cannot be read (or is gone)."""
+    from safetensors import SafetensorError, safe_open
 
     path = directory / file_name(name)
     try:
@@ -132,32 +137,54 @@ def read_block(directory: Path, name: bytes) -> HostBlock | None:
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}
         layers = [(tensors[f"k{i}"], tensors[f"v{i}"]) for i in range(len(tensors) // 2)]
         dtypes = json.loads(metadata["dtypes"])
-        if (
-            metadata.get("format") != FORMAT
-            or metadata.get("name") != name.hex()
-            or metadata.get("checksum") != _checksum(tensors)
-            or len(dtypes) != len(tensors)
-            or any(k.shape[2] != BLOCK_TOKENS for k, _ in layers)
-        ):
-            raise ValueError("checksum or metadata mismatch")
-    except Exception as exc:  # truncated, corrupt, foreign or gone: never served
-        if path.exists():
-            log.warning("ignoring unreadable KV block file %s: %s", path.name, exc)
-            path.unlink(missing_ok=True)
-        return None
+    except (SafetensorError, KeyError, ValueError, TypeError) as exc:
+        raise DamagedBlock(str(exc)) from exc
+    except Exception as exc:
+        if not path.exists():
+            raise FileNotFoundError(path) from exc
+        if "header" in str(exc).lower() or "deserializ" in str(exc).lower():
+            raise DamagedBlock(str(exc)) from exc
+        raise
+    if (
+        metadata.get("format") != FORMAT
+        or metadata.get("name") != name.hex()
+        or metadata.get("checksum") != _checksum(tensors)
+        or len(dtypes) != len(tensors)
+        or any(k.shape[2] != BLOCK_TOKENS for k, _ in layers)
+    ):
+        raise DamagedBlock("checksum or metadata mismatch")
     return layers, dtypes
 
 
-def read_blocks(directory: Path, names: tuple[bytes, ...]) -> list[HostBlock]:
-    """The blocks ``names`` in order, up to the first that cannot be read.
-    Blocking: run it on a worker thread."""
-    blocks = []
+@dataclass
+class ReadResult:
+    blocks: list[HostBlock]  # read and verified, in order
+    failed: bytes | None = None  # the block that stopped the read
+    damaged: bool = False  # ...because its file is damaged (it was deleted)
+    gone: bool = False  # ...because its file is not there (evicted meanwhile)
+
+
+def read_blocks(directory: Path, names: tuple[bytes, ...]) -> ReadResult:
+    """The blocks ``names`` in order, up to the first that cannot be read. A
+    damaged file is deleted; one that cannot be read for now (or is gone) is
+    left as it is. Blocking: run it on a worker thread."""
+    result = ReadResult([])
     for name in names:
-        block = read_block(directory, name)
-        if block is None:
+        try:
+            result.blocks.append(read_block(directory, name))
+        except DamagedBlock as exc:
+            log.warning("ignoring damaged KV block file %s: %s", file_name(name), exc)
+            (directory / file_name(name)).unlink(missing_ok=True)
+            result.failed, result.damaged = name, True
             break
-        blocks.append(block)
-    return blocks
+        except FileNotFoundError:
+            result.failed, result.gone = name, True
+            break
+        except Exception as exc:  # the disk failed, for now: the file stays listed
+            log.warning("could not read KV block file %s: %s", file_name(name), exc)
+            result.failed = name
+            break
+    return result
 
 
 def scan(directory: Path) -> list[tuple[bytes, int]]:
@@ -190,9 +217,10 @@ class _Job:
 
 class DiskWriter:
     """A thread that writes and deletes block files in queue order; ``written``
-    is called on that thread with each (name, file size) it completed."""
+    is called on that thread with each (name, file size) it completed, or
+    (name, None) for one it could not write."""
 
-    def __init__(self, directory: Path, written: Callable[[bytes, int], None]) -> None:
+    def __init__(self, directory: Path, written: Callable[[bytes, int | None], None]) -> None:
         self.directory = directory
         self._written = written
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -232,6 +260,7 @@ class DiskWriter:
                 self._written(job.name, size)
             except Exception:  # a full or failing disk loses spills, nothing else
                 log.exception("could not write KV block file %s", file_name(job.name))
+                self._written(job.name, None)
             finally:
                 with self._lock:
                     self._pending_bytes -= job.nbytes

@@ -281,43 +281,61 @@ class Engine:
             raise
 
     async def _read_disk_blocks(self, match: Match) -> Match | None:
-        """``match`` with its disk blocks loaded, shortened to those readable."""
-        assert self._disk_dir is not None and self.prefix_index.disk is not None
-        blocks = await trio.to_thread.run_sync(
-            read_blocks, self._disk_dir, match.disk, limiter=self._disk_reads
-        )
-        if len(blocks) < len(match.disk):
-            self.prefix_index.disk.unreadable([match.disk[len(blocks)]])
-            shortened = self.prefix_index.shorten(match, len(blocks))
+        """``match`` with its disk blocks loaded, shortened to those readable
+        (and to what the budget for blocks read ahead of their sequence allows)."""
+        disk = self.prefix_index.disk
+        assert self._disk_dir is not None and disk is not None
+        affordable = self.prefix_index.affordable_reads(match)
+        if affordable < len(match.disk):
+            shortened = self.prefix_index.shorten(match, affordable)
             if shortened is None:
                 return None
             match = shortened
-        match.loaded = blocks
+        result = await trio.to_thread.run_sync(
+            read_blocks, self._disk_dir, match.disk, limiter=self._disk_reads
+        )
+        if result.failed is not None and (result.damaged or result.gone):
+            disk.unreadable([result.failed], damaged=result.damaged)
+        if len(result.blocks) < len(match.disk):
+            shortened = self.prefix_index.shorten(match, len(result.blocks))
+            if shortened is None:
+                return None
+            match = shortened
+        self.prefix_index.loading(match, result.blocks)
         return match
 
     async def _wait_for_inflight(self, key: Any, prompt: list[int]) -> None:
         """Wait while a live sequence shares at least a block more of
-        ``prompt`` than the cache holds, until its KV reaches the cache."""
+        ``prompt`` than the cache holds, until its KV reaches the cache: a
+        running one is snapshotted once it holds the shared tokens, a cancelled
+        one as it is removed (within one engine step)."""
         for _ in range(4):  # each wait makes the cache hold more; a few suffice
             held = self.prefix_index.held_length(key, prompt)
-            sharer = self._inflight_sharer(key, prompt, held + BLOCK_TOKENS)
-            if sharer is None:
+            found = self._inflight_sharer(key, prompt, held + BLOCK_TOKENS)
+            if found is None:
                 return
+            sharer, common = found
+            sharer.share_at = max(sharer.share_at, common)
             sharer.share_requested = True
             self.stats.inflight_waits += 1
             await sharer.kv_ready.wait()
 
     def _inflight_sharer(
         self, key: Any, prompt: list[int], at_least: int
-    ) -> GenerationHandle | None:
-        best, best_common = None, at_least - 1
+    ) -> tuple[GenerationHandle, int] | None:
+        """The live sequence sharing the longest prefix of ``prompt`` (at least
+        ``at_least`` tokens) whose KV will be reusable, and that length."""
+        plain = self.loaded is None or self.loaded.plain_kv
+        best: tuple[GenerationHandle, int] | None = None
         limit = len(prompt) - 1
         for handle in self._live_handles:
             if handle.cache_key != key or handle.kv_ready.is_set():
                 continue
             common = common_prefix_length(handle.prompt, prompt, limit)
-            if common > best_common:
-                best, best_common = handle, common
+            if not plain and not _whole_prefix_soon(handle, common):
+                continue
+            if common >= at_least and (best is None or common > best[1]):
+                best = (handle, common)
         return best
 
     def release(self, match: Match | None) -> None:
@@ -364,8 +382,13 @@ class Engine:
     def _forget_disk_blocks(self, names: list[bytes]) -> None:
         self._commands.put(("forget_disk", names))
 
-    def _disk_written(self, name: bytes, size: int) -> None:
-        if self.prefix_index.disk is not None:
+    def _disk_written(self, name: bytes, size: int | None) -> None:
+        """A block file was written (``size`` None: writing it failed)."""
+        if self.prefix_index.disk is None:
+            return
+        if size is None:
+            self._forget_disk_blocks([name])  # so the engine may spill it again
+        else:
             self.prefix_index.disk.added([(name, size)])
 
     # ------------------------------------------------------------------
@@ -484,6 +507,13 @@ class Engine:
         self._post(self.prefix_index.disk.added, found)
         if found:
             log.info("model %s: %d KV blocks on disk from earlier runs", self.name, len(found))
+
+
+def _whole_prefix_soon(handle: GenerationHandle, common: int) -> bool:
+    """For caches that cannot be trimmed: whether ``handle``'s next snapshot
+    will be a prefix of the prompt it shares ``common`` tokens with. Only a
+    cancelled prefill's is (it holds what was prefilled, no more)."""
+    return handle.cancel_requested and handle.prefilled <= common
 
 
 class _Outbox:

@@ -67,6 +67,7 @@ class GenerationHandle:
         # when the sequence ends, has reached the prefix index (or when the
         # sequence ended without one).
         self.share_requested = False
+        self.share_at = 0  # tokens of KV the waiters need (while prefilling)
         self.kv_ready = trio.Event()
 
     # -- Trio-facing API -------------------------------------------------

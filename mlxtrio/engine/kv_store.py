@@ -40,6 +40,7 @@ class Snapshot:
     tail: Layers | None
     tail_tokens: int
     whole: list[Any] | None = None
+    whole_tokens: int = 0
 
 
 @dataclass
@@ -70,30 +71,38 @@ class KVStore:
 
     # -- keeping ---------------------------------------------------------------
 
-    def keep(self, entry_id: int, cache: list[Any], names: list[bytes]) -> Kept:
-        """Hold ``cache`` as snapshot ``entry_id``; ``names`` are the chain names
-        of its tokens' full blocks."""
+    def keep(self, entry_id: int, cache: list[Any], names: list[bytes], tokens: int) -> Kept:
+        """Hold ``cache`` (of ``tokens`` tokens) as snapshot ``entry_id``;
+        ``names`` are the chain names of its tokens' full blocks. Raises
+        ValueError when the cache does not hold that many tokens."""
+        import mlx.core as mx
         from mlx_lm.models.cache import can_trim_prompt_cache
 
         if not blockable(cache):
-            self.snapshots[entry_id] = Snapshot((), None, 0, whole=cache)
+            for layer in cache:
+                _own(layer)
+            mx.eval([layer.state for layer in cache])
+            self.snapshots[entry_id] = Snapshot((), None, 0, cache, tokens)
             nbytes = sum(c.nbytes for c in cache)
             return Kept((), [], 0, nbytes, can_trim_prompt_cache(cache))
-        import mlx.core as mx
 
         length = cache[0].offset
+        if length != tokens:
+            raise ValueError(f"a cache of {length} tokens given as {tokens}")
         names = names[: length // BLOCK_TOKENS]
-        new: list[tuple[bytes, Block]] = []
+        fresh: dict[bytes, Block] = {}
         for i, name in enumerate(names):
-            block = self.blocks.get(name)
-            if block is None:
-                block = self._cut(cache, i * BLOCK_TOKENS, (i + 1) * BLOCK_TOKENS)
-                self.blocks[name] = block
-                new.append((name, block))
-            block.refs += 1
+            if name not in self.blocks and name not in fresh:
+                fresh[name] = self._cut(cache, i * BLOCK_TOKENS, (i + 1) * BLOCK_TOKENS)
         start = len(names) * BLOCK_TOKENS
         tail = _slice(cache, start, length) if length > start else None
-        mx.eval([block.layers for _, block in new], tail or [])
+        mx.eval([block.layers for block in fresh.values()], tail or [])
+        # Nothing below can fail: the reference counts never count a snapshot
+        # that was not kept.
+        for name in names:
+            block = self.blocks.setdefault(name, fresh.get(name))  # type: ignore[arg-type]
+            block.refs += 1
+        new = list(fresh.items())
         self.snapshots[entry_id] = Snapshot(tuple(names), tail, length - start)
         block_nbytes = _nbytes(new[0][1].layers) if new else self._block_nbytes(names)
         return Kept(tuple(names), new, block_nbytes, _nbytes(tail or []), True)
@@ -125,7 +134,9 @@ class KVStore:
         if snapshot is None:
             return None
         if snapshot.whole is not None:
-            return _trimmed(copy.deepcopy(snapshot.whole), length) if not extra else None
+            if extra:
+                return None
+            return _trimmed(copy.deepcopy(snapshot.whole), snapshot.whole_tokens - length)
         wanted = -(-length // BLOCK_TOKENS)  # blocks that cover ``length``
         parts = [self.blocks[name].layers for name in snapshot.blocks[:wanted]]
         covered = len(parts) * BLOCK_TOKENS
@@ -150,13 +161,32 @@ class KVStore:
 def _slice(cache: list[Any], start: int, end: int) -> Layers:
     import mlx.core as mx
 
+    # mx.array copies; a slice (mx.contiguous of one, and copy.deepcopy) may
+    # stay a view that keeps the whole batch's buffer alive.
     return [
-        (
-            mx.contiguous(c.keys[..., start:end, :]),
-            mx.contiguous(c.values[..., start:end, :]),
-        )
-        for c in cache
+        (mx.array(c.keys[..., start:end, :]), mx.array(c.values[..., start:end, :])) for c in cache
     ]
+
+
+def _own(cache: Any) -> None:
+    """Replace every array ``cache`` holds (nested caches included) by a copy,
+    so that a snapshot extracted from a batch holds its own memory."""
+    import mlx.core as mx
+
+    def copied(value: Any) -> Any:
+        if isinstance(value, mx.array):
+            return mx.array(value)
+        if isinstance(value, list | tuple) and any(isinstance(v, mx.array) for v in value):
+            return type(value)(copied(v) for v in value)
+        return value
+
+    for name, value in list(vars(cache).items()):
+        if isinstance(value, list) and value and all(hasattr(v, "__dict__") for v in value):
+            for inner in value:  # CacheList: caches inside
+                if not isinstance(inner, mx.array):
+                    _own(inner)
+            continue
+        setattr(cache, name, copied(value))
 
 
 def _joined(parts: list[Layers]) -> list[Any]:

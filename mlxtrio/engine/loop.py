@@ -246,12 +246,18 @@ class EngineLoop:
         match = handle.match
         if match is None:
             return None, 0
+        loaded, match.loaded = match.loaded or [], None  # the engine's from here on
+        cache = None
         try:
-            extra = [from_host(block) for block in match.loaded or ()]
-            if match.entry is None:
-                cache = self.kv.memory.cache_from_blocks(extra) if extra else None
-            else:
-                cache = self.kv.memory.cache_for(match.entry.id, match.memory_length, extra)
+            if len(loaded) == len(match.disk):
+                extra = [from_host(block) for block in loaded]
+                if match.entry is None:
+                    cache = self.kv.memory.cache_from_blocks(extra) if extra else None
+                else:
+                    cache = self.kv.memory.cache_for(match.entry.id, match.memory_length, extra)
+        except Exception:  # a cold start is always possible
+            log.exception("could not rebuild a cached prefix; prefilling it again")
+            cache = None
         finally:
             self.outbox.release(match)
         return (cache, match.length) if cache is not None else (None, 0)
@@ -284,15 +290,20 @@ class EngineLoop:
         its new blocks to disk, and tell the index about it."""
         if not self.settings.cache_enabled or not cache or not tokens:
             return
+        tokens = list(tokens)  # mlx-lm's list goes on growing with the sequence
         entry_id = self.next_entry_id()
-        names = chain(self.loaded.cache_root(key[1]), tokens)
-        kept = self.kv.memory.keep(entry_id, cache, names)
-        self.kv.spill(kept.new_blocks)
+        try:
+            names = chain(self.loaded.cache_root(key[1]), tokens)
+            kept = self.kv.memory.keep(entry_id, cache, names, len(tokens))
+            self.kv.spill(kept.new_blocks)
+        except Exception:  # losing a snapshot costs a prefill, nothing else
+            log.exception("could not keep a KV snapshot of %d tokens", len(tokens))
+            return
         self.outbox.snapshot(
             Entry(
                 entry_id,
                 key,
-                list(tokens),
+                tokens,
                 kept.own_nbytes,
                 kept.trimmable,
                 blocks=kept.blocks,
@@ -303,20 +314,32 @@ class EngineLoop:
     def _snapshot_at_boundary(self, seq: LiveSequence) -> None:
         """Keep the KV of a sequence that just prefilled up to its boundary."""
         seq.boundary = None
-        for cache, tokens in self.gen.extract_cache([seq.uid]).values():
+        self._snapshot_live(seq)
+
+    def _snapshot_live(self, seq: LiveSequence) -> None:
+        """Keep a running sequence's KV as it is now."""
+        try:
+            extracted = self.gen.extract_cache([seq.uid])
+        except Exception:
+            log.exception("could not take a KV snapshot of a running sequence")
+            return
+        for cache, tokens in extracted.values():
             self._keep_snapshot(seq.handle.cache_key, cache, tokens)
 
     def _share(self) -> None:
         """Snapshot the sequences another request waits to start from, once
-        their prompt is prefilled (see :meth:`.engine.Engine.lookup`)."""
+        they hold the tokens it needs (see :meth:`.engine.Engine.lookup`)."""
         for seq in list(self.live.values()):
             handle = seq.handle
-            if not handle.share_requested or seq.shared or seq.prefilling:
+            if not handle.share_requested or seq.shared:
+                continue
+            if seq.prefilling and seq.context < handle.share_at:
                 continue
             seq.shared = True
-            for cache, tokens in self.gen.extract_cache([seq.uid]).values():
-                self._keep_snapshot(handle.cache_key, cache, tokens)
-            self.outbox.shared(handle)
+            try:
+                self._snapshot_live(seq)
+            finally:
+                self.outbox.shared(handle)
 
     # -- stepping --------------------------------------------------------------
 

@@ -119,8 +119,10 @@ def load_model(name: str, path: str, compute_dtype: str) -> LoadedModel:
 
 def weights_fingerprint(path: str, config: dict[str, Any], dtype: str) -> str:
     """A name for these weights computing in ``dtype``: the configuration, and
-    each weight file's name and size (hashing the weights themselves would cost
-    a full read of them at every start)."""
+    each weight file's name, size and modification time; in the Hugging Face
+    cache a file resolves to a blob named by its content hash. (Hashing the
+    weights themselves would cost a full read at every start; a copied model
+    directory is a new model to the disk tier, which is the safe side.)"""
     import hashlib
     import json
     from pathlib import Path
@@ -129,11 +131,17 @@ def weights_fingerprint(path: str, config: dict[str, Any], dtype: str) -> str:
     digest.update(json.dumps(config, sort_keys=True, default=str).encode())
     digest.update(dtype.encode())
     directory = Path(path)
-    if directory.is_dir():
-        for weights in sorted(directory.glob("*.safetensors")):
-            digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
-    else:
-        digest.update(path.encode())
+    if not directory.is_dir():
+        try:
+            from mlx_lm.utils import hf_repo_to_path
+
+            directory = hf_repo_to_path(path)
+        except Exception:
+            digest.update(path.encode())
+    for weights in sorted(directory.glob("*.safetensors")) if directory.is_dir() else ():
+        stat = weights.stat()
+        blob = weights.resolve().name
+        digest.update(f"{weights.name}:{blob}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     return digest.hexdigest()
 
 
@@ -151,7 +159,7 @@ def _generation_suffixes(tokenizer: Any) -> tuple[tuple[int, ...], ...]:
     for thinking in (True, False):
         try:
             bare, full = (
-                list(
+                _token_ids(
                     tokenizer.apply_chat_template(
                         conversation, add_generation_prompt=generation, enable_thinking=thinking
                     )
@@ -163,6 +171,12 @@ def _generation_suffixes(tokenizer: Any) -> tuple[tuple[int, ...], ...]:
         if full[: len(bare)] == bare and len(full) > len(bare):
             found.add(tuple(full[len(bare) :]))
     return tuple(sorted(found, key=len, reverse=True))
+
+
+def _token_ids(rendered: Any) -> list[int]:
+    if isinstance(rendered, dict) or hasattr(rendered, "input_ids"):
+        rendered = rendered["input_ids"]  # some tokenizers return a BatchEncoding
+    return list(rendered)
 
 
 def _single_token(tokenizer: Any, text: str | None) -> int | None:

@@ -7,9 +7,14 @@ out, without the Trio loop ever touching MLX state:
   a KV snapshot: a :class:`~.radix.RadixTree` per (model, isolation domain), an
   LRU order and a byte budget. Lookups, pins and eviction decisions happen here;
   a lookup is linear in the prompt length, so it never stalls the loop.
-* The engine thread holds the snapshots themselves (mlx-lm cache objects) by entry
-  id, copies and trims them when a sequence starts from one, and drops them only
-  when the index says so.
+* The engine thread holds the snapshots themselves by entry id (:mod:`.kv_store`:
+  shared 256-token blocks plus a private tail, or a whole cache that cannot be
+  cut), assembles a private cache when a sequence starts from one, and drops
+  them only when the index says so. The index counts each shared block once,
+  so its bytes are the bytes held.
+* A :class:`~.disk_index.DiskIndex` lists the blocks on disk: a lookup may go
+  on past the memory match with blocks read back from files (see
+  :meth:`.engine.Engine.lookup`).
 
 A matched entry is *pinned* from lookup until its sequence has been inserted in the
 engine, so it cannot be evicted while the request waits for an admission slot.
@@ -51,7 +56,8 @@ class Match:
     entry: Entry | None
     length: int
     disk: tuple[bytes, ...] = ()
-    loaded: list[Any] | None = field(default=None, repr=False)
+    loaded: list[Any] | None = field(default=None, repr=False)  # the engine clears it
+    loaded_nbytes: int = 0
     _released: bool = field(default=False, repr=False)
 
     @property
@@ -86,6 +92,7 @@ class PrefixIndex:
         self._entries: dict[int, Entry] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # least recently used first
         self._block_refs: dict[bytes, int] = {}  # shared blocks: snapshots naming each
+        self.reading_bytes = 0  # disk blocks read for sequences not yet started
         self.nbytes = 0  # own KV of every snapshot, plus each shared block once
         self.stats = CacheStats()
 
@@ -133,6 +140,26 @@ class PrefixIndex:
         entry = match.entry if match is not None and memory else None
         return Match(entry, (memory + on_disk) * BLOCK_TOKENS, tuple(names[memory:][:on_disk]))
 
+    def affordable_reads(self, match: Match) -> int:
+        """How many of ``match``'s disk blocks may be read now: blocks read for
+        sequences that have not started are held in memory beside the cache,
+        up to a quarter of its budget."""
+        assert self.disk is not None
+        room = self.budget_bytes // 4 - self.reading_bytes
+        count = 0
+        for name in match.disk:
+            room -= self.disk.size(name)
+            if room < 0:
+                break
+            count += 1
+        return count
+
+    def loading(self, match: Match, blocks: list[Any]) -> None:
+        """``blocks`` were read for ``match``: counted until it is released."""
+        match.loaded = blocks
+        match.loaded_nbytes = sum(k.nbytes + v.nbytes for layers, _ in blocks for k, v in layers)
+        self.reading_bytes += match.loaded_nbytes
+
     def shorten(self, match: Match, readable: int) -> Match | None:
         """``match`` with only its first ``readable`` disk blocks (the others
         could not be read); None if nothing is left. Keeps the pin."""
@@ -177,7 +204,8 @@ class PrefixIndex:
         if match is None or match._released:
             return
         match._released = True
-        match.loaded = None
+        self.reading_bytes -= match.loaded_nbytes
+        match.loaded_nbytes = 0
         if match.entry is None:
             return
         match.entry.pins -= 1
