@@ -97,7 +97,9 @@ from _servers import wait_ready  # noqa: E402
 
 from mlxtrio.settings import EMBEDDED_MODEL_PATH  # noqa: E402
 
-OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
+OPENBLAS = os.environ.get(
+    "OPENBLAS", "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
+)  # or where it was extracted
 SERVERS = {"mlxtrio": "mlxtrio", "mlxtrio-nocache": "no cache", "mlx_lm": "mlx_lm.server"}
 SCENARIOS = ("loop", "shared", "restart", "retry")
 DEFAULTS = {"loop": {"sessions": 1, "turns": 10}, "shared": {"sessions": 12, "turns": 2}}
@@ -518,6 +520,7 @@ def memory_point(server: Server) -> dict[str, float | None]:
     return {
         "rss": rss_bytes(server.proc.pid),
         "counted": metric(server, "mlxtrio_prefix_cache_bytes"),
+        "active": metric(server, "mlxtrio_mlx_active_bytes"),
         "disk": metric(server, "mlxtrio_prefix_cache_disk_bytes"),
         "kv_dir": dir_bytes(server.data_dir / "kv-cache"),
     }
@@ -674,6 +677,10 @@ def shared_summary(result: dict, kind: str) -> dict[str, Any]:
         "disk_all": memory["after_all"]["disk"],
         "kv_dir_all": memory["after_all"]["kv_dir"],
         "rss_per_counted": ratio(rss_all, everything) if kind != "mlx_lm" else None,
+        "active_all": growth(memory, "after_all", "active") if kind != "mlx_lm" else None,
+        "active_per_counted": (
+            ratio(growth(memory, "after_all", "active"), everything) if kind != "mlx_lm" else None
+        ),
         "per_session": ratio(everything, one * len(replies)) if one else None,
     }
 
@@ -694,6 +701,8 @@ SHARED_ROWS = [
     ("RSS growth after session 1 turn 1", "rss_one", "B"),
     ("RSS growth after all", "rss_all", "B"),
     ("RSS growth / counted bytes growth", "rss_per_counted", "x"),
+    ("MLX active memory growth after all (idle)", "active_all", "B"),
+    ("MLX active memory growth / counted bytes growth", "active_per_counted", "x"),
     ("bytes per session / bytes of one session", "per_session", "x"),
 ]
 

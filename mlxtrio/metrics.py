@@ -102,6 +102,12 @@ _LIVE: list[tuple[str, str, str, Callable[[Any, Any], float]]] = [
         lambda e, lane: len(e.prefix_index.disk) if e.prefix_index.disk else 0,
     ),
     (
+        "mlxtrio_mlx_active_bytes",
+        "Bytes MLX's arrays held (weights, prefix-cache KV) when the engine last went idle",
+        "gauge",
+        lambda e, lane: e.stats.mlx_active_bytes,
+    ),
+    (
         "mlxtrio_prefix_cache_inflight_waits",
         "Requests that waited for a running sequence's KV instead of prefilling it",
         "counter",

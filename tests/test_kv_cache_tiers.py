@@ -301,9 +301,10 @@ async def test_untrimmable_caches_are_reused_from_turn_boundaries(
     server_factory, hybrid_models: dict[str, str], kind: str
 ) -> None:
     """Recurrent (Qwen3.5-style) and sliding-window (Gemma 3) caches cannot be
-    trimmed back to a shared prefix: each prompt is snapshotted where the
-    conversation ends, before the generation prompt, and the next turn starts
-    there, with the greedy output of a cold run."""
+    trimmed back to a shared prefix: each prompt is snapshotted where its
+    system prompt ends and where the conversation ends, before the generation
+    prompt; the next turn, and another conversation with the same system
+    prompt, start there, with the greedy output of a cold run."""
     path = hybrid_models[kind]
     warm = await server_factory(model=path, model_name="hybrid", prefix_cache_disk_bytes=0)
     cold = await server_factory(model=path, model_name="hybrid", prefix_cache_bytes=0)
@@ -325,11 +326,8 @@ async def test_untrimmable_caches_are_reused_from_turn_boundaries(
     assert cached == 0
     prompt_tokens = reply.usage.input_tokens
     index = warm.engine.prefix_index
-    await wait_until(
-        lambda: len(index) == 2,
-        what=f"two snapshots, not {[len(e.tokens) for e in index._entries.values()]} of {prompt_tokens}",
-    )
-    boundary = min(len(e.tokens) for e in index._entries.values())
+    await wait_until(lambda: len(index) == 3, what="system, boundary and end snapshots")
+    boundary = sorted(len(e.tokens) for e in index._entries.values())[1]
     assert prompt_tokens - 16 <= boundary < prompt_tokens  # less the generation prompt
     # The client's record of the reply differs from what was generated (the
     # snapshot at its end cannot be used; the one at the boundary can).
@@ -340,6 +338,13 @@ async def test_untrimmable_caches_are_reused_from_turn_boundaries(
     assert warm_cached == boundary and cold_cached == 0
     # What the engine really started from, not only what the lookup promised.
     assert warm_reply.usage.cache_read_input_tokens == warm_cached
+    # Another conversation with the same system prompt goes on where it ends.
+    other = [{"role": "user", "content": "Something else entirely."}]
+    (warm_reply, warm_cached), (cold_reply, _) = await turn(warm, other), await turn(cold, other)
+    system_end = min(len(e.tokens) for e in index._entries.values())
+    assert 0 < warm_cached == system_end < boundary
+    assert warm_reply.usage.cache_read_input_tokens == warm_cached
+    assert warm_reply.content == cold_reply.content
     assert warm_reply.content == cold_reply.content
 
 

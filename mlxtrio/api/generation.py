@@ -41,7 +41,9 @@ async def render_prompt(engine: Engine, conversation: Conversation) -> RenderedP
     ticket = reserve_place(services().render_lane)
     try:
         async with ticket:
-            prompt = await render(engine.tokenizer, conversation)
+            # A cache that cannot be trimmed is reused only from snapshots at
+            # exact boundaries: find where the system prompt ends.
+            prompt = await render(engine.tokenizer, conversation, not engine.plain_kv)
     except PromptError as exc:
         raise invalid_request(str(exc), "input") from None
     finally:

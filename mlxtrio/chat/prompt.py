@@ -22,30 +22,68 @@ class RenderedPrompt:
     # True when the prompt ends inside an open reasoning block (the template
     # opened <think> for the model): generated text starts as reasoning.
     starts_in_reasoning: bool
+    # Where the system prompt (and tools) end in ``tokens``, when asked for
+    # and known: other conversations with the same system prompt go on there.
+    system_end: int = 0
 
 
 class PromptError(ValueError):
     """The conversation cannot be rendered with this model's template."""
 
 
-def render_sync(tokenizer: Any, conversation: Conversation) -> RenderedPrompt:
+def render_sync(
+    tokenizer: Any, conversation: Conversation, find_system_end: bool = False
+) -> RenderedPrompt:
     messages = [m.template_dict() for m in conversation.messages]
     if conversation.output_format is not None:
         messages = _asking_for(conversation.output_format, messages)
     tools = [t.template_dict() for t in conversation.tools] or None
     try:
-        tokens = tokenizer.apply_chat_template(
-            messages,
-            tools=tools,
-            add_generation_prompt=True,
-            enable_thinking=conversation.thinking,
-        )
+        tokens = _rendered(tokenizer, messages, tools, True, conversation.thinking)
     except Exception as exc:  # Jinja raises many types; all mean "cannot render"
         raise PromptError(f"cannot render the conversation with the chat template: {exc}") from exc
+    system_end = 0
+    if find_system_end:
+        system_end = _system_end(tokenizer, messages, tools, conversation.thinking, tokens)
+    return RenderedPrompt(tokens, ends_in_open_think(tokenizer, tokens), system_end)
+
+
+def _rendered(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    generation: bool,
+    thinking: bool | None,
+) -> list[int]:
+    tokens = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=generation, enable_thinking=thinking
+    )
     if isinstance(tokens, dict):  # some tokenizers return a BatchEncoding
         tokens = tokens["input_ids"]
-    tokens = list(tokens)
-    return RenderedPrompt(tokens, ends_in_open_think(tokenizer, tokens))
+    return list(tokens)
+
+
+def _system_end(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    thinking: bool | None,
+    tokens: list[int],
+) -> int:
+    """Where the system prompt ends in ``tokens``: where they part from the
+    system messages followed by an empty user message (mlx-lm's server finds
+    it the same way); 0 when there is none or it cannot be told."""
+    count = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    if count == 0 or count == len(messages):
+        return 0
+    try:
+        bare = _rendered(
+            tokenizer, [*messages[:count], {"role": "user", "content": ""}], tools, False, thinking
+        )
+    except Exception:  # a template that will not render that: no boundary
+        return 0
+    end = next((i for i, (a, b) in enumerate(zip(bare, tokens, strict=False)) if a != b), 0)
+    return end if 0 < end < len(tokens) - 1 else 0
 
 
 def _asking_for(output: OutputFormat, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -76,8 +114,12 @@ def ends_in_open_think(tokenizer: Any, tokens: list[int]) -> bool:
     return end is None or end < start
 
 
-async def render(tokenizer: Any, conversation: Conversation) -> RenderedPrompt:
-    """Render on a worker thread. How many run at once is the caller's to
-    bound (the server's render lane runs one). Cancellation waits for the
-    render to finish (it is bounded by the prompt-size check before it)."""
-    return await trio.to_thread.run_sync(render_sync, tokenizer, conversation)
+async def render(
+    tokenizer: Any, conversation: Conversation, find_system_end: bool = False
+) -> RenderedPrompt:
+    """Render on a worker thread (``find_system_end``: also find where the
+    system prompt ends, at the cost of a second, shorter render). How many run
+    at once is the caller's to bound (the server's render lane runs one).
+    Cancellation waits for the render to finish (it is bounded by the
+    prompt-size check before it)."""
+    return await trio.to_thread.run_sync(render_sync, tokenizer, conversation, find_system_end)

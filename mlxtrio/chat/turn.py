@@ -76,7 +76,9 @@ async def run_turn(
     async with ticket:
         if on_admitted is not None:
             await on_admitted()
-        async with engine.submit(prompt.tokens, sampling, match=match, domain=domain) as handle:
+        async with engine.submit(
+            prompt.tokens, sampling, match=match, domain=domain, boundary=prompt.system_end
+        ) as handle:
             async for event in handle:
                 if parser.state == "reasoning":
                     result.reasoning_tokens += len(event.token_ids)

@@ -153,6 +153,11 @@ class Engine:
         return self.loaded.max_token_chars if self.loaded else 1
 
     @property
+    def plain_kv(self) -> bool:
+        """Whether the model's cache is plain attention KV (see LoadedModel)."""
+        return self.loaded.plain_kv if self.loaded else True
+
+    @property
     def tool_call_token(self) -> int | None:
         return self.loaded.tool_call_token if self.loaded else None
 
@@ -349,11 +354,15 @@ class Engine:
         *,
         match: Match | None = None,
         domain: str = "",
+        boundary: int = 0,
     ) -> GenerationHandle:
         """Queue a sequence for generation; returns at once.
 
         ``match`` (from :meth:`lookup` with the same prompt) makes it start from a
-        cached prefix; the sequence's KV is cached under ``domain`` when it ends.
+        cached prefix; the sequence's KV is cached under ``domain`` when it ends
+        (and, for a cache that cannot be trimmed, also once prefilled up to
+        ``boundary``, where the system prompt ends, and to the end of the
+        conversation before the generation prompt).
         The returned handle must be used as an async context manager so that it is
         cancelled whatever way the caller leaves. Raises :class:`EngineError` if
         the engine is not serving (:class:`EngineUnavailable` while it loads,
@@ -366,6 +375,7 @@ class Engine:
         handle = GenerationHandle(
             prompt, sampling, self._request_cancel, (self.name, domain), match
         )
+        handle.boundary = boundary
         self._live_handles.add(handle)
         if self._idle.is_set():
             self._idle = trio.Event()

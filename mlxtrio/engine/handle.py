@@ -61,6 +61,7 @@ class GenerationHandle:
         # Engine bookkeeping (written by the engine thread, read by tests).
         self.cancel_requested_at_step: int | None = None
         self.prefilled = 0  # prompt tokens in its KV so far, cached ones included
+        self.boundary = 0  # where its system prompt ends, when the engine needs it
         # In-flight reuse: ``share_requested`` is set when another request waits
         # to start from this one's prompt; the engine then snapshots it once it
         # is prefilled. ``kv_ready`` is set when that snapshot, or the one kept

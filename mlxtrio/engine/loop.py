@@ -119,6 +119,7 @@ class EngineLoop:
             self.settings.prefill_step_seconds, self.settings.max_prefill_chunk
         )
         self.gen = self._new_generator()
+        self.stats.mlx_active_bytes = _release_buffers()
 
     def run(self) -> None:
         """Serve until a ``shutdown`` command. Exceptions other than a failed
@@ -127,6 +128,8 @@ class EngineLoop:
             while self._apply_commands(block=not self.live):
                 if self.live:
                     self._step()
+                    if not self.live:
+                        self.stats.mlx_active_bytes = _release_buffers()
         finally:
             self.gen.close()
 
@@ -191,12 +194,13 @@ class EngineLoop:
         detokenizer = tokenizer.detokenizer
         cache, reused = self._cache_for(handle)
         stats = GenerationStats(prompt_tokens=len(handle.prompt), cached_tokens=reused)
-        boundary = self._boundary(handle.prompt, reused)
-        segments = [handle.prompt[reused:boundary], handle.prompt[boundary:]]
+        boundaries = self._boundaries(handle, reused)
+        cuts = [reused, *boundaries, len(handle.prompt)]
+        segments = [handle.prompt[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
         # Nothing after the insert can fail: a sequence the generator holds is
         # always one the loop knows.
         (uid,) = self.gen.insert_segments(
-            [[s for s in segments if s]],
+            [segments],
             max_tokens=[params.max_tokens],
             caches=[cache],
             all_tokens=[handle.prompt[:reused]],
@@ -205,24 +209,28 @@ class EngineLoop:
             stop_sequences=[stops],
         )
         seq = LiveSequence(handle, uid, detokenizer, time.perf_counter(), stats, guard, generated)
-        seq.boundary = boundary if boundary < len(handle.prompt) else None
+        seq.boundaries = boundaries
         self.live[uid] = seq
         self.by_handle[handle] = seq
         self.stats.submitted += 1
 
-    def _boundary(self, prompt: list[int], reused: int) -> int:
-        """Where to snapshot a prompt whose cache cannot be trimmed: at the end
-        of the conversation, before the template's generation prompt, which is
-        where the next turn's prompt goes on (the snapshot at the end of the
-        reply rarely matches it: the reply is re-rendered). ``len(prompt)``
-        when no snapshot is due."""
+    def _boundaries(self, handle: GenerationHandle, reused: int) -> list[int]:
+        """Where to snapshot a prompt whose cache cannot be trimmed, in order:
+        where its system prompt ends (other conversations go on there), and
+        where the conversation ends, before the template's generation prompt
+        (the next turn goes on there; the snapshot at the end of the reply
+        rarely matches it, since the reply is re-rendered). None for a plain
+        KV cache, which is reused at any length."""
+        prompt = handle.prompt
         if self.loaded.plain_kv or not self.settings.cache_enabled:
-            return len(prompt)
+            return []
+        found = {handle.boundary}
         for suffix in self.loaded.generation_suffixes:
-            boundary = len(prompt) - len(suffix)
-            if tuple(prompt[boundary:]) == suffix:
-                return boundary if reused < boundary < len(prompt) - 1 else len(prompt)
-        return len(prompt)
+            end = len(prompt) - len(suffix)
+            if tuple(prompt[end:]) == suffix:
+                found.add(end)
+                break
+        return sorted(b for b in found if reused < b < len(prompt) - 1)
 
     def _spelling(self, text: str) -> tuple[int, ...]:
         """How the tokenizer spells ``text`` (tool-call openings recur per request)."""
@@ -310,11 +318,6 @@ class EngineLoop:
                 block_nbytes=kept.block_nbytes,
             )
         )
-
-    def _snapshot_at_boundary(self, seq: LiveSequence) -> None:
-        """Keep the KV of a sequence that just prefilled up to its boundary."""
-        seq.boundary = None
-        self._snapshot_live(seq)
 
     def _snapshot_live(self, seq: LiveSequence) -> None:
         """Keep a running sequence's KV as it is now."""
@@ -464,8 +467,9 @@ class EngineLoop:
                 seq.stats.queue_seconds = now - seq.submitted_at
             seq.stats.prefilled_tokens = int(r.progress[0])
             seq.handle.prefilled = seq.context
-            if seq.boundary is not None and r.end_of_segment and seq.context >= seq.boundary:
-                self._snapshot_at_boundary(seq)
+            if seq.boundaries and r.end_of_segment and seq.context >= seq.boundaries[0]:
+                del seq.boundaries[0]
+                self._snapshot_live(seq)
             if r.end_of_prompt:
                 seq.prefill_done_at = now
         self.stats.max_batch_size = max(self.stats.max_batch_size, len(gen_responses))
@@ -533,6 +537,16 @@ def constraint_processor(
         spellings,
         seen,
     )
+
+
+def _release_buffers() -> int:
+    """Give MLX's cache of freed buffers back when the engine goes idle (a
+    long prefill leaves attention scratch there); returns the bytes MLX's
+    arrays hold then: weights, the prefix cache's KV, little else."""
+    import mlx.core as mx
+
+    mx.clear_cache()
+    return int(mx.get_active_memory())
 
 
 def _final(reason: str, stats: GenerationStats) -> GenerationEvent:

@@ -7,7 +7,7 @@ Engine thread only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .handle import GenerationHandle
@@ -52,9 +52,9 @@ class LiveSequence:
     prefill_done_at: float | None = None
     first_token_at: float | None = None
     shared: bool = False  # snapshotted for a request waiting to reuse its prompt
-    # Where its prompt's turn boundary is, until it is snapshotted there
-    # (caches that cannot be trimmed: see EngineLoop._segments).
-    boundary: int | None = None
+    # Where its prompt is still to be snapshotted, in order (caches that
+    # cannot be trimmed: see EngineLoop._boundaries).
+    boundaries: list[int] = field(default_factory=list)
 
     @property
     def prefilling(self) -> bool:

@@ -108,6 +108,8 @@ class EngineStats:
     generated_tokens: int = 0
     # Requests that waited for a running sequence's KV instead of prefilling it.
     inflight_waits: int = 0
+    # Bytes MLX's arrays held when the engine last went idle.
+    mlx_active_bytes: int = 0
     # Steps between cancel() and removal, most recent last (bounded).
     cancel_latency_steps: list[int] = field(default_factory=list)
     # What the most recently cancelled sequence had done when it was removed.
