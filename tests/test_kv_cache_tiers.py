@@ -85,6 +85,11 @@ async def test_blocks_count_the_memory_they_hold(server_factory, scripted_model_
     assert 0.8 * counted <= grown <= 1.2 * counted, (grown, counted)
 
 
+def on_disk(model: str, data_dir: Path) -> dict[str, Any]:
+    """Settings of a server whose successive runs share ``data_dir``."""
+    return {"model": model, "model_name": SCRIPTED, "data_dir": str(data_dir)}
+
+
 async def _spilled(server: Server, blocks: int) -> None:
     disk = server.engine.prefix_index.disk
     assert disk is not None
@@ -92,11 +97,7 @@ async def _spilled(server: Server, blocks: int) -> None:
 
 
 async def test_blocks_on_disk_survive_a_restart(scripted_model_path, tmp_path: Path) -> None:
-    settings: dict[str, Any] = {
-        "model": scripted_model_path,
-        "model_name": SCRIPTED,
-        "data_dir": str(tmp_path),
-    }
+    settings = on_disk(scripted_model_path, tmp_path)
     async with trio.open_nursery() as nursery:
         server = await start_server(nursery, **settings)
         total, cached, _ = await ask(server, SHARED, "first question")
@@ -115,11 +116,7 @@ async def test_blocks_on_disk_survive_a_restart(scripted_model_path, tmp_path: P
 
 
 async def test_damaged_block_files_are_never_served(scripted_model_path, tmp_path: Path) -> None:
-    settings: dict[str, Any] = {
-        "model": scripted_model_path,
-        "model_name": SCRIPTED,
-        "data_dir": str(tmp_path),
-    }
+    settings = on_disk(scripted_model_path, tmp_path)
     async with trio.open_nursery() as nursery:
         server = await start_server(nursery, **settings)
         total, _, _ = await ask(server, SHARED, "question")
@@ -367,3 +364,31 @@ def test_a_whole_snapshot_is_trimmed_to_the_length_asked() -> None:
     assert mx.array_equal(rebuilt[0].state[0][..., :30, :], keys[..., :30, :])
     exact = store.cache_for(7, 40)
     assert exact is not None and exact[0].offset == 40
+
+
+def test_block_directories_of_replaced_weights_are_removed(tmp_path: Path) -> None:
+    from mlxtrio.engine.disk_tier import open_tier
+
+    old, _ = open_tier(tmp_path, "a" * 32, "/models/m (float32)")
+    other, _ = open_tier(tmp_path, "b" * 32, "/models/other (float32)")
+    (old / "cafe.safetensors").write_bytes(b"x")
+    new, found = open_tier(tmp_path, "c" * 32, "/models/m (float32)")
+    assert not old.exists() and other.exists() and new.exists() and found == []
+
+
+def test_reads_ahead_are_bounded_across_concurrent_lookups() -> None:
+    """Blocks read for requests that have not started are held beside the
+    cache: a quarter of its budget at most, however many lookups read at once."""
+    from mlxtrio.engine.disk_index import DiskIndex
+    from mlxtrio.engine.prefix_cache import Match, PrefixIndex
+
+    disk = DiskIndex(1 << 30, lambda names: None)
+    names = [bytes([i]) * 16 for i in range(8)]
+    disk.added((name, 1000) for name in names)
+    index = PrefixIndex(16_000, lambda ids: None, disk)  # room for 4 blocks read ahead
+    first, second = (Match(None, 8 * BLOCK_TOKENS, tuple(names)) for _ in range(2))
+    assert index.reserve_reads(first) == 4
+    assert index.reserve_reads(second) == 0  # the first's reservation counts already
+    index.release(first)
+    assert index.reading_bytes == 0
+    assert index.reserve_reads(second) == 4

@@ -43,7 +43,8 @@ async def render_prompt(engine: Engine, conversation: Conversation) -> RenderedP
         async with ticket:
             # A cache that cannot be trimmed is reused only from snapshots at
             # exact boundaries: find where the system prompt ends.
-            prompt = await render(engine.tokenizer, conversation, not engine.plain_kv)
+            boundary = not engine.plain_kv and engine.prefix_index.enabled
+            prompt = await render(engine.tokenizer, conversation, boundary)
     except PromptError as exc:
         raise invalid_request(str(exc), "input") from None
     finally:

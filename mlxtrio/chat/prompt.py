@@ -27,6 +27,9 @@ class RenderedPrompt:
     system_end: int = 0
 
 
+MIN_SYSTEM_TOKENS = 256  # a system prompt shorter than this gets no boundary
+
+
 class PromptError(ValueError):
     """The conversation cannot be rendered with this model's template."""
 
@@ -82,8 +85,11 @@ def _system_end(
         )
     except Exception:  # a template that will not render that: no boundary
         return 0
-    end = next((i for i, (a, b) in enumerate(zip(bare, tokens, strict=False)) if a != b), 0)
-    return end if 0 < end < len(tokens) - 1 else 0
+    shared = min(len(bare), len(tokens))
+    end = next((i for i in range(shared) if bare[i] != tokens[i]), shared)
+    # A short one is not worth a snapshot of its own (templates that fold the
+    # system prompt into the first user turn give a few tokens).
+    return end if MIN_SYSTEM_TOKENS <= end < len(tokens) - 1 else 0
 
 
 def _asking_for(output: OutputFormat, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

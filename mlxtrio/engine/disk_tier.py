@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ log = logging.getLogger("mlxtrio.engine")
 
 FORMAT = "mlxtrio-kv-block-1"
 SUFFIX = ".safetensors"
+OWNER = "model.json"  # which model a block directory belongs to
 MAX_PENDING_BYTES = 512 << 20  # queued for writing; newer blocks are skipped beyond it
 
 HostLayers = list[tuple[Any, Any]]  # per layer: (keys, values) as NumPy arrays
@@ -185,6 +187,28 @@ def read_blocks(directory: Path, names: tuple[bytes, ...]) -> ReadResult:
             result.failed = name
             break
     return result
+
+
+def open_tier(base: Path, fingerprint: str, model: str) -> tuple[Path, list[tuple[bytes, int]]]:
+    """This model's block directory under ``base`` and the blocks already in
+    it (see :func:`scan`). Directories an earlier run of the same model left
+    under another fingerprint (its weights changed since) are removed: their
+    blocks can never be used again. Blocking."""
+    directory = base / fingerprint[:16]
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / OWNER).write_text(json.dumps({"model": model}))
+    for other in base.iterdir():
+        if other != directory and _owner(other) == model:
+            log.info("removing KV blocks of an earlier version of %s: %s", model, other.name)
+            shutil.rmtree(other, ignore_errors=True)
+    return directory, scan(directory)
+
+
+def _owner(directory: Path) -> str | None:
+    try:
+        return str(json.loads((directory / OWNER).read_text())["model"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def scan(directory: Path) -> list[tuple[bytes, int]]:

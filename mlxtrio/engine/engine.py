@@ -40,14 +40,14 @@ from typing import Any
 import trio
 
 from ..grammar.compiler import GrammarCompiler
-from .blocks import BLOCK_TOKENS, chain
 from .disk_index import DiskIndex
-from .disk_tier import DiskWriter, read_blocks, scan
+from .disk_tier import DiskWriter, open_tier
 from .handle import EngineError, EngineUnavailable, GenerationHandle
-from .loop import Delivery, EngineLoop, KVTiers, LoopSettings
+from .loop import Delivery, EngineLoop, LoopSettings
 from .model import LoadedModel, load_model
 from .prefix_cache import Entry, Match, PrefixIndex
-from .radix import common_prefix_length
+from .reuse import PrefixReuse
+from .snapshots import KVTiers
 from .types import EngineStats, GenerationEvent, GenerationStats, SamplingParams
 
 log = logging.getLogger("mlxtrio.engine")
@@ -116,9 +116,8 @@ class Engine:
         if prefix_cache_bytes > 0 and prefix_cache_disk_bytes > 0 and cache_dir is not None:
             disk = DiskIndex(prefix_cache_disk_bytes, self._forget_disk_blocks)
         self.prefix_index = PrefixIndex(prefix_cache_bytes, self._drop_snapshots, disk)
+        self.reuse = PrefixReuse(self.prefix_index, self._live_handles, self.stats)
         self._cache_dir = cache_dir
-        self._disk_dir: Path | None = None  # this model's block files, once loaded
-        self._disk_reads = trio.CapacityLimiter(2)
         self._kv = KVTiers()
         self._entry_ids = itertools.count()
         self._grammars: GrammarCompiler | None = None
@@ -260,88 +259,10 @@ class Engine:
     async def lookup(self, prompt: list[int], domain: str = "") -> Match | None:
         """The longest cached prefix of ``prompt`` in isolation ``domain``, pinned
         until :meth:`release` (or until a sequence submitted with it starts).
-        Callers know the reuse before sending headers.
-
-        Waits first, when a sequence still running (prefilling, finishing or
-        being cancelled) shares a longer prefix than the cache holds: for its
-        KV to be snapshotted, so the prefix is prefilled once. Then reads the
-        matched blocks that are only on disk, on a worker thread. Cancelling
-        the call abandons the wait (nothing stays pinned); a disk read already
-        begun is finished first.
-        """
-        key = (self.name, domain)
-        if self.prefix_index.enabled:
-            await self._wait_for_inflight(key, prompt)
-        names = None
-        if self.loaded is not None and self._disk_dir is not None:
-            root = self.loaded.cache_root(domain)
-            names = partial(chain, root, prompt[: len(prompt) - 1])
-        match = self.prefix_index.lookup(key, prompt, names)
-        if match is None or not match.disk:
-            return match
-        try:
-            return await self._read_disk_blocks(match)
-        except BaseException:
-            self.prefix_index.release(match)
-            raise
-
-    async def _read_disk_blocks(self, match: Match) -> Match | None:
-        """``match`` with its disk blocks loaded, shortened to those readable
-        (and to what the budget for blocks read ahead of their sequence allows)."""
-        disk = self.prefix_index.disk
-        assert self._disk_dir is not None and disk is not None
-        affordable = self.prefix_index.affordable_reads(match)
-        if affordable < len(match.disk):
-            shortened = self.prefix_index.shorten(match, affordable)
-            if shortened is None:
-                return None
-            match = shortened
-        result = await trio.to_thread.run_sync(
-            read_blocks, self._disk_dir, match.disk, limiter=self._disk_reads
-        )
-        if result.failed is not None and (result.damaged or result.gone):
-            disk.unreadable([result.failed], damaged=result.damaged)
-        if len(result.blocks) < len(match.disk):
-            shortened = self.prefix_index.shorten(match, len(result.blocks))
-            if shortened is None:
-                return None
-            match = shortened
-        self.prefix_index.loading(match, result.blocks)
-        return match
-
-    async def _wait_for_inflight(self, key: Any, prompt: list[int]) -> None:
-        """Wait while a live sequence shares at least a block more of
-        ``prompt`` than the cache holds, until its KV reaches the cache: a
-        running one is snapshotted once it holds the shared tokens, a cancelled
-        one as it is removed (within one engine step)."""
-        for _ in range(4):  # each wait makes the cache hold more; a few suffice
-            held = self.prefix_index.held_length(key, prompt)
-            found = self._inflight_sharer(key, prompt, held + BLOCK_TOKENS)
-            if found is None:
-                return
-            sharer, common = found
-            sharer.share_at = max(sharer.share_at, common)
-            sharer.share_requested = True
-            self.stats.inflight_waits += 1
-            await sharer.kv_ready.wait()
-
-    def _inflight_sharer(
-        self, key: Any, prompt: list[int], at_least: int
-    ) -> tuple[GenerationHandle, int] | None:
-        """The live sequence sharing the longest prefix of ``prompt`` (at least
-        ``at_least`` tokens) whose KV will be reusable, and that length."""
-        plain = self.loaded is None or self.loaded.plain_kv
-        best: tuple[GenerationHandle, int] | None = None
-        limit = len(prompt) - 1
-        for handle in self._live_handles:
-            if handle.cache_key != key or handle.kv_ready.is_set():
-                continue
-            common = common_prefix_length(handle.prompt, prompt, limit)
-            if not plain and not _whole_prefix_soon(handle, common):
-                continue
-            if common >= at_least and (best is None or common > best[1]):
-                best = (handle, common)
-        return best
+        Callers know the reuse before sending headers. May wait for a running
+        sequence's KV and read blocks from disk (see :class:`.reuse.PrefixReuse`);
+        cancelling it leaves nothing pinned."""
+        return await self.reuse.lookup(self.loaded, (self.name, domain), prompt)
 
     def release(self, match: Match | None) -> None:
         """Unpin a match from :meth:`lookup`; idempotent."""
@@ -505,25 +426,18 @@ class Engine:
         the writer (engine thread, before serving; a listing of the directory)."""
         if self.prefix_index.disk is None or self._cache_dir is None:
             return
-        directory = self._cache_dir / loaded.fingerprint[:16]
         try:
-            found = scan(directory)
+            owner = f"{self.path} ({loaded.dtype})"
+            directory, found = open_tier(self._cache_dir, loaded.fingerprint, owner)
         except OSError as exc:
-            log.warning("no KV disk tier for %s: cannot use %s: %s", self.name, directory, exc)
+            log.warning("no KV disk tier for %s in %s: %s", self.name, self._cache_dir, exc)
             return
         self._kv.on_disk.update(name for name, _ in found)
         self._kv.disk = DiskWriter(directory, partial(self._post, self._disk_written))
-        self._disk_dir = directory
+        self.reuse.disk_dir = directory
         self._post(self.prefix_index.disk.added, found)
         if found:
             log.info("model %s: %d KV blocks on disk from earlier runs", self.name, len(found))
-
-
-def _whole_prefix_soon(handle: GenerationHandle, common: int) -> bool:
-    """For caches that cannot be trimmed: whether ``handle``'s next snapshot
-    will be a prefix of the prompt it shares ``common`` tokens with. Only a
-    cancelled prefill's is (it holds what was prefilled, no more)."""
-    return handle.cancel_requested and handle.prefilled <= common
 
 
 class _Outbox:

@@ -181,10 +181,13 @@ def _own(cache: Any) -> None:
         return value
 
     for name, value in list(vars(cache).items()):
-        if isinstance(value, list) and value and all(hasattr(v, "__dict__") for v in value):
+        if (
+            isinstance(value, list | tuple)
+            and value
+            and all(hasattr(v, "__dict__") and not isinstance(v, mx.array) for v in value)
+        ):
             for inner in value:  # CacheList: caches inside
-                if not isinstance(inner, mx.array):
-                    _own(inner)
+                _own(inner)
             continue
         setattr(cache, name, copied(value))
 

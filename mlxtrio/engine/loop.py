@@ -30,14 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .blocks import chain
-from .disk_tier import DiskWriter, from_host, to_host
 from .handle import GenerationHandle
-from .kv_store import Block, KVStore
 from .model import LoadedModel
 from .pacing import PrefillPacer
 from .prefix_cache import Entry, Match
 from .sequence import LiveSequence, SequenceGuard, finish_stats
+from .snapshots import KVTiers, Snapshots
 from .types import (
     EngineStats,
     GenerationEvent,
@@ -71,34 +69,6 @@ class LoopSettings:
 
 
 @dataclass
-class KVTiers:
-    """The prefix cache's KV on the engine side; it outlives engine threads.
-
-    ``memory`` holds the snapshots; ``disk`` (None: no disk tier) writes new
-    blocks to files, and ``on_disk`` names the blocks written or found there
-    (so a block is spilled once)."""
-
-    memory: KVStore = field(default_factory=KVStore)
-    disk: DiskWriter | None = None
-    on_disk: set[bytes] = field(default_factory=set)
-
-    def spill(self, new_blocks: list[tuple[bytes, Block]]) -> None:
-        if self.disk is None:
-            return
-        for name, block in new_blocks:
-            if name in self.on_disk or not self.disk.has_room():
-                continue
-            self.on_disk.add(name)
-            self.disk.write(name, to_host(block.layers))
-
-    def forget_disk(self, names: list[bytes]) -> None:
-        if self.disk is None:
-            return
-        self.on_disk.difference_update(names)
-        self.disk.delete(names)
-
-
-@dataclass
 class EngineLoop:
     """One incarnation of the engine thread's work. ``kv`` (the prefix cache's
     KV) and ``stats`` outlive it."""
@@ -119,6 +89,13 @@ class EngineLoop:
             self.settings.prefill_step_seconds, self.settings.max_prefill_chunk
         )
         self.gen = self._new_generator()
+        self.snapshots = Snapshots(
+            self.loaded,
+            self.kv,
+            self.outbox,
+            self.settings.cache_enabled,
+            self.next_entry_id,
+        )
         self.stats.mlx_active_bytes = _release_buffers()
 
     def run(self) -> None:
@@ -192,9 +169,9 @@ class EngineLoop:
         sampler = sampler_for(params)
         guard = SequenceGuard(processors) if processors else None
         detokenizer = tokenizer.detokenizer
-        cache, reused = self._cache_for(handle)
+        cache, reused = self.snapshots.cache_for(handle)
         stats = GenerationStats(prompt_tokens=len(handle.prompt), cached_tokens=reused)
-        boundaries = self._boundaries(handle, reused)
+        boundaries = self.snapshots.boundaries(handle, reused)
         cuts = [reused, *boundaries, len(handle.prompt)]
         segments = [handle.prompt[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
         # Nothing after the insert can fail: a sequence the generator holds is
@@ -214,24 +191,6 @@ class EngineLoop:
         self.by_handle[handle] = seq
         self.stats.submitted += 1
 
-    def _boundaries(self, handle: GenerationHandle, reused: int) -> list[int]:
-        """Where to snapshot a prompt whose cache cannot be trimmed, in order:
-        where its system prompt ends (other conversations go on there), and
-        where the conversation ends, before the template's generation prompt
-        (the next turn goes on there; the snapshot at the end of the reply
-        rarely matches it, since the reply is re-rendered). None for a plain
-        KV cache, which is reused at any length."""
-        prompt = handle.prompt
-        if self.loaded.plain_kv or not self.settings.cache_enabled:
-            return []
-        found = {handle.boundary}
-        for suffix in self.loaded.generation_suffixes:
-            end = len(prompt) - len(suffix)
-            if tuple(prompt[end:]) == suffix:
-                found.add(end)
-                break
-        return sorted(b for b in found if reused < b < len(prompt) - 1)
-
     def _spelling(self, text: str) -> tuple[int, ...]:
         """How the tokenizer spells ``text`` (tool-call openings recur per request)."""
         spelling = self._spellings.get(text)
@@ -247,29 +206,6 @@ class EngineLoop:
         if handle.match is not None:
             self.outbox.release(handle.match)
 
-    def _cache_for(self, handle: GenerationHandle) -> tuple[Any, int]:
-        """A private cache holding the match: the snapshot's first tokens, then
-        the blocks read from disk; or (None, 0). The match is unpinned once the
-        cache exists."""
-        match = handle.match
-        if match is None:
-            return None, 0
-        loaded, match.loaded = match.loaded or [], None  # the engine's from here on
-        cache = None
-        try:
-            if len(loaded) == len(match.disk):
-                extra = [from_host(block) for block in loaded]
-                if match.entry is None:
-                    cache = self.kv.memory.cache_from_blocks(extra) if extra else None
-                else:
-                    cache = self.kv.memory.cache_for(match.entry.id, match.memory_length, extra)
-        except Exception:  # a cold start is always possible
-            log.exception("could not rebuild a cached prefix; prefilling it again")
-            cache = None
-        finally:
-            self.outbox.release(match)
-        return (cache, match.length) if cache is not None else (None, 0)
-
     def _remove(self, handle: GenerationHandle) -> None:
         seq = self.by_handle.pop(handle, None)
         if seq is None:
@@ -278,7 +214,7 @@ class EngineLoop:
             kept = self.gen.remove([seq.uid], return_prompt_caches=self.settings.cache_enabled)
             if seq.uid in kept:  # keep what was prefilled: the next turn may reuse it
                 cache, tokens = kept[seq.uid]
-                self._keep_snapshot(handle.cache_key, cache, tokens)
+                self.snapshots.keep(handle.cache_key, cache, tokens)
         except Exception as exc:
             # The generator's state is suspect: rebuild it without this sequence.
             self.live.pop(seq.uid, None)
@@ -292,57 +228,6 @@ class EngineLoop:
         finish_stats(seq, time.perf_counter())
         self.stats.last_cancelled = seq.stats
         self.outbox.deliver([(handle, _final("cancelled", seq.stats))])
-
-    def _keep_snapshot(self, key: Any, cache: list[Any] | None, tokens: list[int]) -> None:
-        """Hold a sequence's KV (cut into shared blocks where it can be), spill
-        its new blocks to disk, and tell the index about it."""
-        if not self.settings.cache_enabled or not cache or not tokens:
-            return
-        tokens = list(tokens)  # mlx-lm's list goes on growing with the sequence
-        entry_id = self.next_entry_id()
-        try:
-            names = chain(self.loaded.cache_root(key[1]), tokens)
-            kept = self.kv.memory.keep(entry_id, cache, names, len(tokens))
-            self.kv.spill(kept.new_blocks)
-        except Exception:  # losing a snapshot costs a prefill, nothing else
-            log.exception("could not keep a KV snapshot of %d tokens", len(tokens))
-            return
-        self.outbox.snapshot(
-            Entry(
-                entry_id,
-                key,
-                tokens,
-                kept.own_nbytes,
-                kept.trimmable,
-                blocks=kept.blocks,
-                block_nbytes=kept.block_nbytes,
-            )
-        )
-
-    def _snapshot_live(self, seq: LiveSequence) -> None:
-        """Keep a running sequence's KV as it is now."""
-        try:
-            extracted = self.gen.extract_cache([seq.uid])
-        except Exception:
-            log.exception("could not take a KV snapshot of a running sequence")
-            return
-        for cache, tokens in extracted.values():
-            self._keep_snapshot(seq.handle.cache_key, cache, tokens)
-
-    def _share(self) -> None:
-        """Snapshot the sequences another request waits to start from, once
-        they hold the tokens it needs (see :meth:`.engine.Engine.lookup`)."""
-        for seq in list(self.live.values()):
-            handle = seq.handle
-            if not handle.share_requested or seq.shared:
-                continue
-            if seq.prefilling and seq.context < handle.share_at:
-                continue
-            seq.shared = True
-            try:
-                self._snapshot_live(seq)
-            finally:
-                self.outbox.shared(handle)
 
     # -- stepping --------------------------------------------------------------
 
@@ -360,7 +245,7 @@ class EngineLoop:
         deliveries = self._collect(prompt_responses, gen_responses)
         deliveries.extend(self._fail_guarded())
         if self.settings.cache_enabled:
-            self._share()
+            self.snapshots.share(self.gen, list(self.live.values()))
         if deliveries:
             self.outbox.deliver(deliveries)
 
@@ -469,7 +354,7 @@ class EngineLoop:
             seq.handle.prefilled = seq.context
             if seq.boundaries and r.end_of_segment and seq.context >= seq.boundaries[0]:
                 del seq.boundaries[0]
-                self._snapshot_live(seq)
+                self.snapshots.keep_live(self.gen, seq)
             if r.end_of_prompt:
                 seq.prefill_done_at = now
         self.stats.max_batch_size = max(self.stats.max_batch_size, len(gen_responses))
@@ -503,7 +388,7 @@ class EngineLoop:
             return GenerationEvent((r.token,), detok.last_segment)
         detok.finalize()
         self._forget(seq)
-        self._keep_snapshot(seq.handle.cache_key, r.prompt_cache, r.all_tokens)
+        self.snapshots.keep(seq.handle.cache_key, r.prompt_cache, r.all_tokens)
         self.stats.finished += 1
         finish_stats(seq, now)
         return GenerationEvent((r.token,), detok.last_segment, r.finish_reason, stats)

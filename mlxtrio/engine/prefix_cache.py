@@ -93,6 +93,7 @@ class PrefixIndex:
         self._lru: OrderedDict[int, None] = OrderedDict()  # least recently used first
         self._block_refs: dict[bytes, int] = {}  # shared blocks: snapshots naming each
         self.reading_bytes = 0  # disk blocks read for sequences not yet started
+        self._bytes_per_token = 0.0  # of the last snapshot seen
         self.nbytes = 0  # own KV of every snapshot, plus each shared block once
         self.stats = CacheStats()
 
@@ -140,25 +141,35 @@ class PrefixIndex:
         entry = match.entry if match is not None and memory else None
         return Match(entry, (memory + on_disk) * BLOCK_TOKENS, tuple(names[memory:][:on_disk]))
 
-    def affordable_reads(self, match: Match) -> int:
-        """How many of ``match``'s disk blocks may be read now: blocks read for
+    def reserve_reads(self, match: Match) -> int:
+        """How many of ``match``'s disk blocks may be read now, their bytes
+        counted from now until the match is released: blocks read for
         sequences that have not started are held in memory beside the cache,
-        up to a quarter of its budget."""
+        up to a quarter of its budget (however many lookups read at once)."""
         assert self.disk is not None
         room = self.budget_bytes // 4 - self.reading_bytes
-        count = 0
+        count = reserved = 0
         for name in match.disk:
-            room -= self.disk.size(name)
-            if room < 0:
+            size = self.disk.size(name)
+            if reserved + size > room:
                 break
+            reserved += size
             count += 1
+        match.loaded_nbytes = reserved
+        self.reading_bytes += reserved
         return count
 
     def loading(self, match: Match, blocks: list[Any]) -> None:
-        """``blocks`` were read for ``match``: counted until it is released."""
+        """``blocks`` were read for ``match``: their bytes replace what was
+        reserved, until it is released."""
         match.loaded = blocks
-        match.loaded_nbytes = sum(k.nbytes + v.nbytes for layers, _ in blocks for k, v in layers)
-        self.reading_bytes += match.loaded_nbytes
+        nbytes = sum(k.nbytes + v.nbytes for layers, _ in blocks for k, v in layers)
+        self.reading_bytes += nbytes - match.loaded_nbytes
+        match.loaded_nbytes = nbytes
+
+    def would_hold(self, tokens: int) -> bool:
+        """Whether a snapshot of ``tokens`` tokens fits the budget (about)."""
+        return tokens * self._bytes_per_token <= self.budget_bytes
 
     def shorten(self, match: Match, readable: int) -> Match | None:
         """``match`` with only its first ``readable`` disk blocks (the others
@@ -221,6 +232,10 @@ class PrefixIndex:
         if not self.enabled or not entry.tokens:
             self._drop([entry.id])
             return
+        if entry.block_nbytes:
+            self._bytes_per_token = entry.block_nbytes / BLOCK_TOKENS
+        elif not entry.blocks:
+            self._bytes_per_token = entry.nbytes / len(entry.tokens)
         if entry.nbytes + len(entry.blocks) * entry.block_nbytes > self.budget_bytes:
             # It would only evict everything, itself last.
             self.stats.evictions += 1
