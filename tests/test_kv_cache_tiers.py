@@ -392,3 +392,19 @@ def test_reads_ahead_are_bounded_across_concurrent_lookups() -> None:
     index.release(first)
     assert index.reading_bytes == 0
     assert index.reserve_reads(second) == 4
+
+
+async def test_an_unusable_cache_directory_leaves_the_memory_cache(
+    server_factory, scripted_model_path, tmp_path: Path
+) -> None:
+    """A data dir where the disk tier cannot live (here, a file) costs the
+    disk tier only: requests are served and the memory cache works."""
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")  # noqa: ASYNC240 - test setup
+    server = await server_factory(
+        model=scripted_model_path, model_name=SCRIPTED, data_dir=str(blocked), database_url="none"
+    )
+    assert server.engine.reuse.disk_dir is None
+    _, first, _ = await ask(server, SHARED[:3000], "hi")
+    _, second, _ = await ask(server, SHARED[:3000], "hi")
+    assert first == 0 and second > 0

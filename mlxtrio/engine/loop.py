@@ -23,8 +23,11 @@ Fault isolation, from the narrowest to the widest:
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import queue
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -431,7 +434,27 @@ def _release_buffers() -> int:
     import mlx.core as mx
 
     mx.clear_cache()
+    _trim_heap()
     return int(mx.get_active_memory())
+
+
+def _trim_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc keeps a long
+    prefill's freed scratch otherwise: ~150 MB of RSS after a 12k-token
+    prompt on the embedded model). A no-op where there is no glibc."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # musl, or no libc.so.6
+        return None
 
 
 def _final(reason: str, stats: GenerationStats) -> GenerationEvent:
