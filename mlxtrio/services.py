@@ -20,6 +20,7 @@ from .settings import Settings
 from .store import ResponseStore, StoreError
 
 log = logging.getLogger("mlxtrio")
+SEALING_KEY = "reasoning-seal"  # the shared secret's name in the store
 
 STORE_RETRY = 30.0  # seconds between attempts to open a store that failed to open
 
@@ -132,6 +133,7 @@ class Services:
         if not await self._try_open(store, "continuing without it; retrying in the background"):
             nursery.start_soon(self._open_later, store, nursery)
             return
+        await self._share_sealing_key(store)
         self._use_store(store, nursery)
 
     async def _try_open(self, store: ResponseStore, then: str) -> bool:
@@ -153,8 +155,26 @@ class Services:
             await trio.sleep(STORE_RETRY)
             if await self._try_open(store, f"retrying in {STORE_RETRY:.0f} s"):
                 log.info("response store ready now: %s", store.redacted_url)
+                await self._share_sealing_key(store)
                 self._use_store(store, nursery)
                 return
+
+    async def _share_sealing_key(self, store: ResponseStore) -> None:
+        """Seal with the key kept in the store, so that every server sharing it
+        (replicas behind a load balancer) reads the others' blobs; the first
+        server to open the store offers its own key file's, so blobs issued
+        before keep working. Blobs sealed with the file's key still open."""
+        try:
+            key = await store.shared_secret(SEALING_KEY, self.sealer.key)
+        except StoreError as exc:
+            log.warning(
+                "cannot read the shared reasoning key from the store: %s (%s); "
+                "other servers sharing it will not read this one's reasoning blobs",
+                exc,
+                exc.detail,
+            )
+            return
+        self.sealer = self.sealer.with_key(key)
 
     def _use_store(self, store: ResponseStore, nursery: trio.Nursery) -> None:
         self.store = store

@@ -25,8 +25,20 @@ _TAG = 16
 
 
 class ReasoningSealer:
-    def __init__(self, key: bytes) -> None:
+    """Seals with ``key``; opens what ``key`` or any of ``also`` sealed (a key
+    used before, e.g. the file's until the shared store's took over)."""
+
+    def __init__(self, key: bytes, also: tuple[bytes, ...] = ()) -> None:
         self._key = key
+        self._keys = (key, *(k for k in also if k != key))
+
+    @property
+    def key(self) -> bytes:
+        return self._key
+
+    def with_key(self, key: bytes) -> ReasoningSealer:
+        """A sealer using ``key`` that still opens this one's blobs."""
+        return ReasoningSealer(key, self._keys)
 
     @classmethod
     def from_key_file(cls, path: Path) -> ReasoningSealer:
@@ -63,8 +75,9 @@ class ReasoningSealer:
         try:
             raw = base64.urlsafe_b64decode(blob[len(_PREFIX) :].encode())
             tag, body = raw[:_TAG], raw[_TAG:]
-            if not hmac.compare_digest(
-                tag, hmac.new(self._key, body, hashlib.sha256).digest()[:_TAG]
+            if not any(
+                hmac.compare_digest(tag, hmac.new(key, body, hashlib.sha256).digest()[:_TAG])
+                for key in self._keys
             ):
                 return None
             value = json.loads(zlib.decompress(body))

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session, aliased
 from .calls import Call, run_undo
 from .errors import Abandoned, Redactor, translate
 from .records import StoredResponse
-from .schema import ResponseRow
+from .schema import ResponseRow, SecretRow
 
 # -- writes -------------------------------------------------------------------------
 
@@ -145,3 +145,23 @@ def chain_query(response_id: str, now: int, limit: int) -> Select[ResponseRow, i
 def count_sync(call: Call) -> int:
     with call.session() as session:
         return int(session.scalar(select(func.count()).select_from(ResponseRow)) or 0)
+
+
+def shared_secret_sync(name: str, proposed: bytes, call: Call) -> bytes:
+    """The secret ``name``, stored as ``proposed`` if no server has stored it
+    yet (when two race, the first COMMIT wins and both read it)."""
+    from sqlalchemy.exc import IntegrityError
+
+    with call.session() as session:
+        found = session.get(SecretRow, name)
+        if found is not None:
+            return found.value
+        session.add(SecretRow(name=name, value=proposed))
+        try:
+            call.commit(session)
+        except IntegrityError:  # another server stored it meanwhile
+            session.rollback()
+            found = session.get(SecretRow, name)
+            assert found is not None
+            return found.value
+        return proposed

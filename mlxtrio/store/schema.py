@@ -1,9 +1,9 @@
-"""The ``responses`` table. Change it only together with a new Alembic revision
+"""The store's tables. Change them only together with a new Alembic revision
 in ``migrations/versions``."""
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Index, String, Text
+from sqlalchemy import BigInteger, Index, LargeBinary, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -32,3 +32,13 @@ class ResponseRow(Base):
     owner: Mapped[str] = mapped_column(String(64), default="", server_default="")
 
     __table_args__ = (Index("ix_mlxtrio_responses_expires_at", "expires_at"),)
+
+
+class SecretRow(Base):
+    """A secret every server sharing the store uses (the reasoning-sealing key):
+    the first server to ask creates it."""
+
+    __tablename__ = "mlxtrio_secrets"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[bytes] = mapped_column(LargeBinary)

@@ -307,6 +307,11 @@ class ResponseStore:
             return None
         return await self._call(partial(queries.chain_sync, response_id, _now(now), MAX_CHAIN))
 
+    async def shared_secret(self, name: str, proposed: bytes) -> bytes:
+        """The secret ``name`` every server sharing this store uses: stored as
+        ``proposed`` by the first to ask. Raises and cancels as :meth:`get`."""
+        return await self._call(partial(queries.shared_secret_sync, name, proposed))
+
     async def count(self) -> int:
         """How many records are stored, expired ones included. Raises and
         cancels as :meth:`get`."""

@@ -1,0 +1,55 @@
+"""Replicas: two servers sharing one PostgreSQL store, as behind a load
+balancer. A `previous_response_id` chain started on one continues on the
+other, and blobs one seals (reasoning, compactions) the other reads: the
+sealing key lives in the store, not in each server's data dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from .conftest import SCRIPTED, start_server
+from .test_responses_compact import compact
+from .test_responses_store import WEATHER, sdk
+from .test_store_faults import PG, PG_HOST, PG_PORT, pg_database  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.skipif(not PG, reason="no PostgreSQL on 127.0.0.1:5432")
+
+
+async def test_two_replicas_share_chains_and_sealed_blobs(
+    scripted_model_path: str, tmp_path: Path, pg_database: str
+) -> None:
+    url = f"postgresql://postgres@{PG_HOST}:{PG_PORT}/{pg_database}"
+    common = {"model": scripted_model_path, "model_name": SCRIPTED, "database_url": url}
+    async with trio.open_nursery() as nursery:
+        a = await start_server(nursery, data_dir=str(tmp_path / "a"), **common)
+        b = await start_server(nursery, data_dir=str(tmp_path / "b"), **common)
+        async with sdk(a) as on_a, sdk(b) as on_b:
+            first = await on_a.responses.create(
+                model=SCRIPTED, input="Weather?", tools=[WEATHER], instructions="Rules."
+            )
+            second = await on_b.responses.create(
+                model=SCRIPTED,
+                previous_response_id=first.id,
+                input=[
+                    {
+                        "type": "function_call_output",
+                        "call_id": first.output[0].call_id,
+                        "output": "sunny",
+                    }
+                ],
+            )
+            assert second.output_text == "It is sunny." and second.instructions == "Rules."
+            assert (await on_a.responses.retrieve(second.id)).output_text == "It is sunny."
+            summary = (await compact(on_a, model=SCRIPTED, input="Hi!"))["output"][-1]
+        async with b.client() as client:
+            r = await client.post(
+                "/v1/responses",
+                json={"model": SCRIPTED, "input": [summary, {"role": "user", "content": "Go on."}]},
+            )
+        nursery.cancel_scope.cancel()
+    assert r.status_code == 200, r.text  # B reads the compaction A sealed
+    keys = {(tmp_path / name / "reasoning.key").read_bytes() for name in ("a", "b")}
+    assert len(keys) == 2  # each data dir has its own file; the store's key is shared
