@@ -19,7 +19,9 @@ pytestmark = pytest.mark.skipif(not PG, reason="no PostgreSQL on 127.0.0.1:5432"
 
 
 async def test_two_replicas_share_chains_and_sealed_blobs(
-    scripted_model_path: str, tmp_path: Path, pg_database: str
+    scripted_model_path: str,
+    tmp_path: Path,
+    pg_database: str,  # noqa: F811 - the fixture imported above
 ) -> None:
     url = f"postgresql://postgres@{PG_HOST}:{PG_PORT}/{pg_database}"
     common = {"model": scripted_model_path, "model_name": SCRIPTED, "database_url": url}
