@@ -23,17 +23,15 @@ Fault isolation, from the narrowest to the widest:
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import logging
 import queue
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .handle import GenerationHandle
+from .memory import release_buffers
 from .model import LoadedModel
 from .pacing import PrefillPacer
 from .prefix_cache import Entry, Match
@@ -99,7 +97,7 @@ class EngineLoop:
             self.settings.cache_enabled,
             self.next_entry_id,
         )
-        self.stats.mlx_active_bytes = _release_buffers()
+        self.stats.mlx_active_bytes = release_buffers()
 
     def run(self) -> None:
         """Serve until a ``shutdown`` command. Exceptions other than a failed
@@ -109,7 +107,7 @@ class EngineLoop:
                 if self.live:
                     self._step()
                     if not self.live:
-                        self.stats.mlx_active_bytes = _release_buffers()
+                        self.stats.mlx_active_bytes = release_buffers()
         finally:
             self.gen.close()
 
@@ -425,36 +423,6 @@ def constraint_processor(
         spellings,
         seen,
     )
-
-
-def _release_buffers() -> int:
-    """Give MLX's cache of freed buffers back when the engine goes idle (a
-    long prefill leaves attention scratch there); returns the bytes MLX's
-    arrays hold then: weights, the prefix cache's KV, little else."""
-    import mlx.core as mx
-
-    mx.clear_cache()
-    _trim_heap()
-    return int(mx.get_active_memory())
-
-
-def _trim_heap() -> None:
-    """Hand the C heap's free pages back to the system (glibc keeps a long
-    prefill's freed scratch otherwise: ~150 MB of RSS after a 12k-token
-    prompt on the embedded model). A no-op where there is no glibc."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # musl, or no libc.so.6
-        return None
 
 
 def _final(reason: str, stats: GenerationStats) -> GenerationEvent:
