@@ -170,13 +170,7 @@ async def test_a_retry_after_a_hang_up_reuses_the_aborted_prefill(
     """Claude Code's retry: the stream is dropped mid-prefill and the same
     request comes back at once, without streaming; it starts from what the
     dropped one prefilled."""
-    server = await server_factory(
-        model=scripted_model_path,
-        model_name=SCRIPTED,
-        prefill_chunk=32,
-        prefill_step_seconds=0.001,
-        prefix_cache_disk_bytes=0,
-    )
+    server = await slow_prefill(server_factory, scripted_model_path)
     engine = server.engine
     conn = await RawConnection.open(server)
     await conn.post_json("/v1/responses", LONG_TASK)
@@ -199,13 +193,7 @@ async def test_a_retry_after_a_hang_up_reuses_the_aborted_prefill(
 async def test_a_request_joins_a_prefill_in_flight(server_factory, scripted_model_path) -> None:
     """Two requests with one long prefix: the second waits for the first's
     prefill instead of prefilling the same tokens beside it."""
-    server = await server_factory(
-        model=scripted_model_path,
-        model_name=SCRIPTED,
-        prefill_chunk=32,
-        prefill_step_seconds=0.001,
-        prefix_cache_disk_bytes=0,
-    )
+    server = await slow_prefill(server_factory, scripted_model_path)
     engine = server.engine
     async with trio.open_nursery() as nursery, server.client() as client:
         first = await RawConnection.open(server)
@@ -227,6 +215,18 @@ async def test_a_request_joins_a_prefill_in_flight(server_factory, scripted_mode
     assert engine.stats.inflight_waits == 1
     usage = r.json()["usage"]
     assert usage["input_tokens_details"]["cached_tokens"] >= usage["input_tokens"] - 32
+
+
+async def slow_prefill(server_factory: Any, model: str) -> Server:
+    """A server that prefills in many small steps (a long prompt stays in
+    flight long enough to hang up on, or to join)."""
+    return await server_factory(
+        model=model,
+        model_name=SCRIPTED,
+        prefill_chunk=32,
+        prefill_step_seconds=0.001,
+        prefix_cache_disk_bytes=0,
+    )
 
 
 def prefilling(engine: Engine, past: int) -> bool:

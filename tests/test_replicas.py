@@ -12,7 +12,7 @@ import trio
 
 from .conftest import SCRIPTED, start_server
 from .test_responses_compact import compact
-from .test_responses_store import WEATHER, sdk
+from .test_responses_store import WEATHER, answer_weather, sdk
 from .test_store_faults import PG, PG_HOST, PG_PORT, pg_database  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.skipif(not PG, reason="no PostgreSQL on 127.0.0.1:5432")
@@ -32,17 +32,7 @@ async def test_two_replicas_share_chains_and_sealed_blobs(
             first = await on_a.responses.create(
                 model=SCRIPTED, input="Weather?", tools=[WEATHER], instructions="Rules."
             )
-            second = await on_b.responses.create(
-                model=SCRIPTED,
-                previous_response_id=first.id,
-                input=[
-                    {
-                        "type": "function_call_output",
-                        "call_id": first.output[0].call_id,
-                        "output": "sunny",
-                    }
-                ],
-            )
+            second = await answer_weather(on_b, first)
             assert second.output_text == "It is sunny." and second.instructions == "Rules."
             assert (await on_a.responses.retrieve(second.id)).output_text == "It is sunny."
             summary = (await compact(on_a, model=SCRIPTED, input="Hi!"))["output"][-1]

@@ -6,6 +6,7 @@ import json
 import sqlite3
 import uuid
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -28,6 +29,17 @@ TIME = {
     "name": "get_time",
     "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}},
 }
+
+
+async def answer_weather(client: openai.AsyncOpenAI, first: Any) -> Any:
+    """Continue ``first`` (a weather tool call) with the tool's answer."""
+    return await client.responses.create(
+        model=SCRIPTED,
+        previous_response_id=first.id,
+        input=[
+            {"type": "function_call_output", "call_id": first.output[0].call_id, "output": "sunny"}
+        ],
+    )
 
 
 def sdk(server: Server) -> openai.AsyncOpenAI:
@@ -268,17 +280,7 @@ async def test_chain_survives_a_restart(scripted_model_path, tmp_path: Path) -> 
     async with trio.open_nursery() as nursery:
         server = await start_server(nursery, **settings)
         async with sdk(server) as client:
-            second = await client.responses.create(
-                model=SCRIPTED,
-                previous_response_id=first.id,
-                input=[
-                    {
-                        "type": "function_call_output",
-                        "call_id": first.output[0].call_id,
-                        "output": "sunny",
-                    }
-                ],
-            )
+            second = await answer_weather(client, first)
         nursery.cancel_scope.cancel()
     assert second.output_text == "It is sunny."
     assert second.instructions == "Rules."

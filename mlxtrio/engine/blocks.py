@@ -43,8 +43,3 @@ def chain(
         name = hashlib.blake2b(name + run.tobytes(), digest_size=HASH_BYTES).digest()
         names.append(name)
     return names
-
-
-def full_blocks(length: int) -> int:
-    """How many whole blocks ``length`` tokens fill."""
-    return length // BLOCK_TOKENS

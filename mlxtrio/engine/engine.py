@@ -41,7 +41,6 @@ import trio
 
 from ..grammar.compiler import GrammarCompiler
 from .disk_index import DiskIndex
-from .disk_tier import DiskWriter, open_tier
 from .handle import EngineError, EngineUnavailable, GenerationHandle
 from .loop import Delivery, EngineLoop, LoopSettings
 from .model import LoadedModel, load_model
@@ -426,18 +425,12 @@ class Engine:
         the writer (engine thread, before serving; a listing of the directory)."""
         if self.prefix_index.disk is None or self._cache_dir is None:
             return
-        try:
-            owner = f"{self.path} ({loaded.dtype})"
-            directory, found = open_tier(self._cache_dir, loaded.fingerprint, owner)
-        except OSError as exc:
-            log.warning("no KV disk tier for %s in %s: %s", self.name, self._cache_dir, exc)
-            return
-        self._kv.on_disk.update(name for name, _ in found)
-        self._kv.disk = DiskWriter(directory, partial(self._post, self._disk_written))
-        self.reuse.disk_dir = directory
-        self._post(self.prefix_index.disk.added, found)
-        if found:
-            log.info("model %s: %d KV blocks on disk from earlier runs", self.name, len(found))
+        owner = f"{self.path} ({loaded.dtype})"
+        written = partial(self._post, self._disk_written)
+        found = self._kv.open_disk(self._cache_dir, loaded.fingerprint, owner, written)
+        if found is not None:
+            self.reuse.disk_dir = self._kv.directory
+            self._post(self.prefix_index.disk.added, found)
 
 
 class _Outbox:

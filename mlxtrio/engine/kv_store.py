@@ -66,9 +66,6 @@ class KVStore:
         self.blocks: dict[bytes, Block] = {}
         self.snapshots: dict[int, Snapshot] = {}
 
-    def __contains__(self, entry_id: int) -> bool:
-        return entry_id in self.snapshots
-
     # -- keeping ---------------------------------------------------------------
 
     def keep(self, entry_id: int, cache: list[Any], names: list[bytes], tokens: int) -> Kept:

@@ -99,6 +99,8 @@ class PrefixReuse:
         ``prompt`` than the cache holds, until its KV reaches the cache: a
         running one is snapshotted once it holds the shared tokens, a cancelled
         one as it is removed (within one engine step)."""
+        if not any(handle.cache_key == key for handle in self._live):
+            return  # the common case: no walk of the cache for it
         plain = loaded is None or loaded.plain_kv
         for _ in range(INFLIGHT_WAITS):
             held = self.index.held_length(key, prompt)

@@ -20,10 +20,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from .blocks import chain
-from .disk_tier import DiskWriter, from_host, to_host
+from .disk_tier import DiskWriter, from_host, open_tier, to_host
 from .handle import GenerationHandle
 from .kv_store import Block, KVStore
 from .model import LoadedModel
@@ -52,6 +53,29 @@ class KVTiers:
     memory: KVStore = field(default_factory=KVStore)
     disk: DiskWriter | None = None
     on_disk: set[bytes] = field(default_factory=set)
+    directory: Path | None = None
+
+    def open_disk(
+        self,
+        base: Path,
+        fingerprint: str,
+        owner: str,
+        written: Callable[[bytes, int | None], None],
+    ) -> list[tuple[bytes, int]] | None:
+        """Open the disk tier for these weights under ``base`` (see
+        :func:`.disk_tier.open_tier`) and start its writer; returns the blocks
+        an earlier run left, or None when the directory cannot be used (the
+        memory cache still works). Blocking: a listing of the directory."""
+        try:
+            self.directory, found = open_tier(base, fingerprint, owner)
+        except OSError as exc:
+            log.warning("no KV disk tier for %s in %s: %s", owner, base, exc)
+            return None
+        self.on_disk.update(name for name, _ in found)
+        self.disk = DiskWriter(self.directory, written)
+        if found:
+            log.info("%s: %d KV blocks on disk from earlier runs", owner, len(found))
+        return found
 
     def spill(self, new_blocks: list[tuple[bytes, Block]]) -> None:
         if self.disk is None:
