@@ -24,6 +24,7 @@ from .api import (
     responses_stored,
 )
 from .api.deps import open_call_scope
+from .engine.world import SOLO, World
 from .http import access_log, transport
 from .lifecycle import drain_with_hypercorn, exit_hypercorn
 from .logs import configure_logging
@@ -106,7 +107,10 @@ async def _refuse_non_trio(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.body", "body": body})
 
 
-def create_app(settings: Settings | None = None) -> MlxtrioApp:
+def create_app(settings: Settings | None = None, world: World = SOLO) -> MlxtrioApp:
+    """The app for ``settings`` (default: from the environment); ``world``:
+    the ranks its model is sharded across (``mlxtrio serve`` under
+    ``mlx.launch``; this process is rank 0)."""
     settings = settings or Settings.from_env()
     app = MlxtrioApp("mlxtrio")
     app.config.update(
@@ -118,7 +122,7 @@ def create_app(settings: Settings | None = None) -> MlxtrioApp:
     )
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
-    services = Services(settings)
+    services = Services(settings, world)
     app.extensions["mlxtrio"] = services
     transport.install(app, settings.api_key, settings.cors_origins, settings.allowed_hosts)
     for blueprint in (

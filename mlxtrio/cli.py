@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
 
 import trio
 
+from .engine.world import SOLO, World, join_world
 from .http.security import is_loopback_name
 from .logs import configure_logging
 from .settings import Settings, SettingsError, parse_aliases
@@ -33,6 +35,8 @@ HELP = {
     "prefill_step_seconds": "seconds of prefill per engine step (bounds token gaps and hang-up latency)",
     "compute_dtype": "auto (float32 on a CPU with a fast BLAS), model, float32, bfloat16, float16",
     "shutdown_grace": "seconds in-flight generations get at shutdown",
+    "sharding": "across ranks (mlx.launch): auto, tensor or pipeline",
+    "rank_timeout": "seconds a rank may leave a lock-step round unanswered before the server exits",
     "database_url": "response store URL, or none",
 }
 REPEATABLE = {
@@ -78,14 +82,26 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings.from_env(**overrides)
 
 
+EXIT_FATAL = 1  # the server stopped because it could not go on (a rank was lost)
+# Seconds a server that cannot go on keeps answering (503) before it closes its
+# port, so health checks and load balancers see why it left.
+FATAL_LINGER = 2.0
+
+
 async def serve(
-    settings: Settings, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
-) -> None:
-    """Serve until SIGINT or SIGTERM, then shut down gracefully.
+    settings: Settings,
+    world: World = SOLO,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> int:
+    """Serve until SIGINT or SIGTERM, then shut down gracefully; returns the
+    exit status.
 
     On a signal: stop taking new generations (503), give in-flight ones
     ``shutdown_grace`` seconds, cancel the rest - every stream still receives its
     terminal event - then let hypercorn close the connections and the engines stop.
+    The same when the server cannot go on (its model is served across ranks and
+    one was lost), and the status is then :data:`EXIT_FATAL`.
     Must run in the main thread (signal handling).
     """
     from hypercorn.config import Config
@@ -105,10 +121,10 @@ async def serve(
     config.graceful_timeout = settings.shutdown_grace
     # A WebSocket message carries a request body: the same limit.
     config.websocket_max_message_size = settings.max_body_bytes
-    app = create_app(settings)
+    app = create_app(settings, world)
     services = app.extensions["mlxtrio"]
 
-    async def shutdown_trigger() -> None:
+    async def on_signal(cancel_scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
                 log.info(
@@ -117,9 +133,21 @@ async def serve(
                     settings.shutdown_grace,
                 )
                 break
+        cancel_scope.cancel()
+
+    async def on_fatal(cancel_scope: trio.CancelScope) -> None:
+        await services.fatal.wait()
+        await trio.sleep(min(FATAL_LINGER, settings.shutdown_grace))
+        cancel_scope.cancel()
+
+    async def shutdown_trigger() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(on_signal, nursery.cancel_scope)
+            nursery.start_soon(on_fatal, nursery.cancel_scope)
         await services.drain()
 
     await hypercorn_serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)  # type: ignore[arg-type]
+    return EXIT_FATAL if services.fatal.is_set() else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -129,15 +157,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level)
     if args.command == "models":
+        configure_logging(settings.log_level)
         from .services import _model_specs
 
         for name, path in _model_specs(settings):
             print(f"{name}\t{path}")
         return 0
-    trio.run(serve, settings)
-    return 0
+    return _serve_rank(settings)
+
+
+def _serve_rank(settings: Settings) -> int:
+    """Serve, as this process's rank: under ``mlx.launch`` rank 0 serves HTTP
+    and every other rank its shard of the model (:mod:`.engine.follower`)."""
+    try:
+        world = join_world()
+    except RuntimeError as exc:  # the launcher's backend could not connect the ranks
+        configure_logging(settings.log_level)
+        log.error("cannot join the distributed world: %s", exc)
+        return 2
+    configure_logging(settings.log_level, world.rank if world.distributed else None)
+    if world.distributed and settings.extra_models:
+        log.error("extra_models: a model served across ranks is served alone")
+        return 2
+    if not world.distributed:
+        return trio.run(serve, settings)
+    if world.leader:
+        status = trio.run(serve, settings, world)
+    else:
+        from .engine.follower import serve_follower
+
+        status = serve_follower(world)
+    _leave_world(status)
+    return status
+
+
+def _leave_world(status: int) -> None:
+    """End a rank's process now that its work is done and its output flushed.
+
+    MLX's ring backend aborts the interpreter's exit (``terminate called
+    without an active exception``, status 134) once its peers are gone, and
+    an engine thread blocked in a collective is never coming back: leaving
+    without running C++ destructors is the only clean way out."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ from typing import Any
 
 import trio
 
+from .engine.world import launched
+
 log = logging.getLogger("mlxtrio")
 
 # Time left for the cancelled streams' terminal events to reach their clients
@@ -70,6 +72,12 @@ async def drain_with_hypercorn(drain: Drain, grace: float) -> None:
     worker = hypercorn_worker()
     if worker is None:
         return
+    if launched():
+        log.warning(
+            "a distributed launcher started this process, but `hypercorn mlxtrio.app:app` "
+            "serves the model in one process: run `python -m mlxtrio serve` under "
+            "mlx.launch to shard it across the ranks"
+        )
     context, config = worker
     budget = max(0.0, min(grace, float(config.graceful_timeout) - DELIVERY_MARGIN))
     async with trio.open_nursery() as nursery:

@@ -18,11 +18,14 @@ QUIET_LOGGERS = {
 }
 
 
-def configure_logging(level: str) -> None:
-    """The server's log format at ``level``; library chatter quieter."""
+def configure_logging(level: str, rank: int | None = None) -> None:
+    """The server's log format at ``level``; library chatter quieter. Each
+    line names its ``rank`` when the model is served across ranks (a launcher
+    merges their output)."""
+    where = "" if rank is None else f"[rank {rank}] "
     if not logging.getLogger().handlers:
         logging.basicConfig(
-            level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+            level=level.upper(), format=f"%(asctime)s {where}%(levelname)s %(name)s: %(message)s"
         )
     root_level = logging.getLogger().level
     for name, floor in QUIET_LOGGERS.items():

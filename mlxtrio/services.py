@@ -15,6 +15,7 @@ from .chat.sealing import ReasoningSealer
 from .engine.engine import Engine
 from .engine.handle import EngineError
 from .engine.registry import ModelRegistry
+from .engine.world import SOLO, World
 from .metrics import Metrics
 from .settings import Settings
 from .store import ResponseStore, StoreError
@@ -39,6 +40,7 @@ def _model_specs(settings: Settings) -> list[tuple[str, str]]:
 @dataclass
 class Services:
     settings: Settings
+    world: World = SOLO
     registry: ModelRegistry = field(init=False)
     lanes: dict[str, AdmissionLane] = field(init=False)
     render_lane: AdmissionLane = field(init=False)
@@ -48,6 +50,9 @@ class Services:
     store: ResponseStore | None = None  # open and usable
     store_configured: bool = False  # a store is configured (it may not be open yet)
     started: bool = False
+    # Set when the server cannot go on (a model served across ranks lost a
+    # rank): `mlxtrio serve` then shuts down and exits non-zero.
+    fatal: trio.Event = field(default_factory=trio.Event)
     _nursery: trio.Nursery | None = None
 
     def __post_init__(self) -> None:
@@ -71,6 +76,10 @@ class Services:
                 cache_dir=s.kv_cache_path,
                 compute_dtype=s.compute_dtype,
                 context_limit=s.context_length,
+                world=self.world,
+                sharding=s.sharding,
+                rank_timeout=s.rank_timeout,
+                shutdown_grace=s.shutdown_grace,
             )
             self.registry.add(engine)
             self.lanes[name] = AdmissionLane(f"model {name!r}", s.capacity, s.waiting_room)
@@ -97,7 +106,13 @@ class Services:
         for engine in self.registry:
             engine.launch()
             nursery.start_soon(self._report_ready, engine)
+            if self.world.distributed:
+                nursery.start_soon(self._watch_ranks, engine)
         self.started = True
+
+    async def _watch_ranks(self, engine: Engine) -> None:
+        await engine.watch_ranks()
+        self.fatal.set()
 
     def spawn(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None:
         """Run ``fn(*args)`` in the background for as long as the app serves

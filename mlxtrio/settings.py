@@ -19,6 +19,7 @@ EMBEDDED_MODEL_PATH = Path(__file__).parent / "assets" / "tiny-chat"
 
 ENV_PREFIX = "MLXTRIO_"
 COMPUTE_DTYPES = ("auto", "model", "float32", "bfloat16", "float16")
+SHARDINGS = ("auto", "tensor", "pipeline")
 
 
 def physical_memory() -> int:
@@ -78,6 +79,12 @@ class Settings:
     # (several times faster prefill there), else the checkpoint's own; "model"
     # always keeps the checkpoint's; or float32 / bfloat16 / float16.
     compute_dtype: str = "auto"
+    # A model served across ranks (python -m mlxtrio serve under mlx.launch):
+    # how mlx-lm shards it (auto = tensor parallel where the model supports
+    # it, else pipeline), and how long a lock-step round may go unanswered
+    # before the world is given up and the server exits.
+    sharding: str = "auto"
+    rank_timeout: float = 60.0
 
     sse_keepalive: float = 10.0
     sse_drain_timeout: float = 30.0
@@ -169,6 +176,10 @@ class Settings:
                 f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)} "
                 f"(got {self.compute_dtype!r})"
             )
+        if self.sharding not in SHARDINGS:
+            raise SettingsError(
+                f"sharding must be one of {', '.join(SHARDINGS)} (got {self.sharding!r})"
+            )
         if self.waiting_room < 0:
             raise SettingsError(f"waiting_room must be 0 or more (got {self.waiting_room})")
         if not 0 < self.port < 65536:
@@ -183,6 +194,7 @@ class Settings:
             "store_timeout",
             "store_write_timeout",
             "store_sweep_interval",
+            "rank_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")

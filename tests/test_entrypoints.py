@@ -220,6 +220,8 @@ def test_bad_settings_are_reported_by_name() -> None:
         ({"MLXTRIO_PORT": "abc"}, "MLXTRIO_PORT"),
         ({"MLXTRIO_ALIASES": "nonsense"}, "aliases"),
         ({"MLXTRIO_COMPUTE_DTYPE": "fp8"}, "compute_dtype"),
+        ({"MLXTRIO_SHARDING": "data"}, "sharding"),
+        ({"MLXTRIO_RANK_TIMEOUT": "0"}, "rank_timeout"),
     ):
         try:
             Settings.from_env(environ=env)
@@ -249,6 +251,8 @@ def test_every_setting_has_a_working_flag() -> None:
             value = "none"
         if field.name == "compute_dtype":
             value = "float32"
+        if field.name == "sharding":
+            value = "tensor"
         args = build_parser().parse_args(["serve", flag, value])
         settings = settings_from_args(args)
         assert str(getattr(settings, field.name)) == str(kind(value)), field.name

@@ -180,7 +180,7 @@ async def _call_grammar(engine: Engine, tools: list[ToolSpec]) -> GrammarConstra
     except GrammarError as exc:  # each schema passed on its own: not expected
         log.warning("tool calls are not constrained: their grammar failed: %s", exc)
         return None
-    return GrammarConstraint(matcher, after=engine.tool_call_token, repeat=True)
+    return GrammarConstraint(matcher, after=engine.tool_call_token, repeat=True, source=text)
 
 
 async def _tool_grammar(grammars: GrammarCompiler, tool: ToolSpec) -> ToolGrammar:
@@ -228,7 +228,7 @@ async def _structured_output(
         matcher = await grammars.matcher(text)
     except GrammarError as exc:
         raise invalid_request(f"the schema cannot be enforced: {exc}", wanted.param) from None
-    return GrammarConstraint(matcher, after=after)
+    return GrammarConstraint(matcher, after=after, source=text)
 
 
 def _required_call(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from quart import Blueprint, Response, jsonify
 
 from ..engine.engine import EngineState
@@ -32,7 +34,7 @@ async def health() -> Response:
             }
         )
     ok = all(e.state is EngineState.READY for e in svc.registry)
-    body = {"status": "ok" if ok else "unavailable", "models": models}
+    body = {"status": "ok" if ok else "unavailable", "models": models, "world": _world(svc)}
     response = jsonify(body)
     response.status_code = 200 if ok else 503
     return response
@@ -46,3 +48,23 @@ async def root() -> Response:
 @blueprint.route("/metrics", methods=["GET"])
 async def metrics() -> Response:
     return Response(services().metrics.render(), content_type=CONTENT_TYPE)
+
+
+def _world(svc: Any) -> dict[str, Any]:
+    """The ranks the model is served across: their number and, when there
+    are several, each one's state as of the latest lock-step round."""
+    world: dict[str, Any] = {"size": svc.world.size}
+    if svc.world.distributed:
+        engine = svc.registry.default
+        pids = engine.rank_pids
+        world["ranks"] = [
+            {
+                "rank": rank.rank,
+                "pid": pids[rank.rank] if rank.rank < len(pids) else None,
+                "active_sequences": rank.live,
+                "steps": rank.steps,
+                "kv_snapshots": rank.snapshots,
+            }
+            for rank in engine.ranks
+        ]
+    return world

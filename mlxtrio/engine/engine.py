@@ -23,6 +23,15 @@ ends all of them itself - including those submitted an instant before the death,
 whose command the thread never read. The thread is then restarted on the weights
 already loaded (``/health`` says ``restarting``); a crash loop gives up after
 :data:`MAX_RESTARTS` deaths within :data:`RESTART_WINDOW` seconds.
+
+Across ranks
+------------
+In a distributed ``world`` (``mlx.launch``) this engine is rank 0's: its thread
+opens the model on every rank (:mod:`.ranks`) and holds a lock-step round with
+the other ranks at every safepoint (:mod:`.lockstep`). A world cannot restart
+one rank's thread, so a thread that dies, or a round that no rank answers
+within ``rank_timeout`` seconds, fails the engine for good:
+:meth:`watch_ranks` returns, and the server shuts down.
 """
 
 from __future__ import annotations
@@ -40,14 +49,18 @@ from typing import Any
 import trio
 
 from ..grammar.compiler import GrammarCompiler
+from .commands import Cancel, Command, Drop, ForgetDisk, Share, Shutdown, Submit
 from .disk_index import DiskIndex
 from .handle import EngineError, EngineUnavailable, GenerationHandle
+from .lockstep import LeaderSchedule, LocalSchedule, RankState, Schedule
 from .loop import Delivery, EngineLoop, LoopSettings
 from .model import LoadedModel, load_model
 from .prefix_cache import Entry, Match, PrefixIndex
+from .ranks import RankPlan, new_seed, open_ranks
 from .reuse import PrefixReuse
 from .snapshots import KVTiers
 from .types import EngineStats, GenerationEvent, GenerationStats, SamplingParams
+from .world import SOLO, Link, World
 
 log = logging.getLogger("mlxtrio.engine")
 
@@ -83,8 +96,16 @@ class Engine:
         compute_dtype: str = "model",
         prefill_step_seconds: float = 0.25,
         context_limit: int = 0,
+        world: World = SOLO,
+        sharding: str = "auto",
+        rank_timeout: float = 60.0,
+        shutdown_grace: float = 5.0,
     ) -> None:
         self.name = name
+        self.world = world
+        self.sharding = sharding
+        self.rank_timeout = rank_timeout
+        self._shutdown_grace = shutdown_grace
         self._context_limit = context_limit
         self.path = path
         self.capacity = capacity
@@ -101,7 +122,8 @@ class Engine:
         self.stats = EngineStats()
         self.restarts = 0
         self.loaded: LoadedModel | None = None
-        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._serials = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._trio_token: trio.lowlevel.TrioToken | None = None
         self._ready = trio.Event()
@@ -112,14 +134,24 @@ class Engine:
         # Prefix cache: the indexes live on the Trio side, the KV on the engine
         # thread (it survives a restart of the thread) and in block files.
         disk = None
+        if world.distributed:
+            # Each rank holds its own shard of every block, and rank 0 reads
+            # blocks from disk before a request starts: the others could not.
+            prefix_cache_disk_bytes = 0
         if prefix_cache_bytes > 0 and prefix_cache_disk_bytes > 0 and cache_dir is not None:
             disk = DiskIndex(prefix_cache_disk_bytes, self._forget_disk_blocks)
         self.prefix_index = PrefixIndex(prefix_cache_bytes, self._drop_snapshots, disk)
-        self.reuse = PrefixReuse(self.prefix_index, self._live_handles, self.stats)
+        self.reuse = PrefixReuse(
+            self.prefix_index, self._live_handles, self.stats, self._request_share
+        )
         self._cache_dir = cache_dir
         self._kv = KVTiers()
         self._entry_ids = itertools.count()
         self._grammars: GrammarCompiler | None = None
+        # Across ranks: rank 0's schedule (its rounds), every rank's pid.
+        self._leader: LeaderSchedule | None = None
+        self.rank_pids: tuple[int, ...] = ()
+        self._world_failed = trio.Event()
 
     # ------------------------------------------------------------------
     # What the loaded model tells the request path
@@ -180,6 +212,11 @@ class Engine:
         """Sequences submitted and not yet finished (as the Trio side sees them)."""
         return len(self._live_handles)
 
+    @property
+    def ranks(self) -> tuple[RankState, ...]:
+        """Every rank's state as of the latest round (empty in a world of one)."""
+        return self._leader.ranks if self._leader is not None else ()
+
     # ------------------------------------------------------------------
     # Lifecycle (Trio side)
 
@@ -238,9 +275,11 @@ class Engine:
         if self._thread is None:
             return
         await self.drain(grace)
-        self._commands.put(("shutdown", None))
+        self._commands.put(Shutdown())
         thread = self._thread
-        with trio.move_on_after(max(grace, 1.0)):
+        # A failed world's thread may be blocked in a collective for good.
+        wait = 0.5 if self._world_failed.is_set() else max(grace, 1.0)
+        with trio.move_on_after(wait):
             await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
         if thread.is_alive():
             log.warning("engine thread for %s did not stop in time; abandoning it", self.name)
@@ -296,21 +335,25 @@ class Engine:
             prompt, sampling, self._request_cancel, (self.name, domain), match
         )
         handle.boundary = boundary
+        handle.serial = next(self._serials)
         self._live_handles.add(handle)
         if self._idle.is_set():
             self._idle = trio.Event()
-        self._commands.put(("submit", handle))
+        self._commands.put(Submit(handle))
         return handle
 
     def _request_cancel(self, handle: GenerationHandle) -> None:
         handle.cancel_requested_at_step = self.stats.steps
-        self._commands.put(("cancel", handle))
+        self._commands.put(Cancel(handle))
+
+    def _request_share(self, handle: GenerationHandle, at: int) -> None:
+        self._commands.put(Share(handle, at))
 
     def _drop_snapshots(self, entry_ids: list[int]) -> None:
-        self._commands.put(("drop", entry_ids))
+        self._commands.put(Drop(tuple(entry_ids)))
 
     def _forget_disk_blocks(self, names: list[bytes]) -> None:
-        self._commands.put(("forget_disk", names))
+        self._commands.put(ForgetDisk(tuple(names)))
 
     def _disk_written(self, name: bytes, size: int | None) -> None:
         """A block file was written (``size`` None: writing it failed)."""
@@ -343,6 +386,10 @@ class Engine:
         if error is None:
             self._end_all_handles(None)
             return
+        if self.world.distributed:
+            what = "could not open the model on every rank" if self.loaded is None else "failed"
+            self._fail_world(f"the distributed engine {what}: {error}")
+            return
         self.error = error
         self._end_all_handles(f"the engine failed: {error}")
         if self.loaded is None or self.state in (EngineState.STOPPING, EngineState.STOPPED):
@@ -366,6 +413,41 @@ class Engine:
             "model %s: restarting the engine thread in %.1f s after: %s", self.name, delay, error
         )
         self._start_thread(delay)
+
+    # ------------------------------------------------------------------
+    # Across ranks (Trio side)
+
+    async def watch_ranks(self) -> None:
+        """Return when the distributed world has failed (never in a world of
+        one): the engine thread died (a rank left: its connections closed), or
+        no round completed for ``rank_timeout`` seconds (a rank stopped
+        answering; the engine thread stays blocked in a collective and is
+        abandoned at shutdown). Either way the engine is failed first: every
+        open handle ends with an error and ``/health`` says 503."""
+        if not self.world.distributed:
+            await trio.sleep_forever()
+        while not self._world_failed.is_set():
+            with trio.move_on_after(1.0):
+                await self._world_failed.wait()
+            leader = self._leader
+            if leader is None or self.state is not EngineState.READY:
+                continue
+            silent = time.monotonic() - leader.last_round
+            if silent > self.rank_timeout:
+                self._fail_world(
+                    f"no answer from the other ranks for {silent:.0f} s "
+                    f"(rank_timeout {self.rank_timeout:g} s): a rank stopped responding"
+                )
+
+    def _fail_world(self, reason: str) -> None:
+        if self._world_failed.is_set():
+            return
+        self.state = EngineState.FAILED
+        self.error = reason
+        log.error("model %s across %d ranks: %s; shutting down", self.name, self.world.size, reason)
+        self._end_all_handles(f"the engine failed: {reason}")
+        self._ready.set()
+        self._world_failed.set()
 
     def _end_all_handles(self, error: str | None) -> None:
         """Give every open handle its terminal event: ``error``, or cancelled."""
@@ -397,28 +479,59 @@ class Engine:
         error: str | None = None
         try:
             time.sleep(delay)
-            if self.loaded is None:
+            schedule: Schedule = LocalSchedule(self._commands)
+            if self.world.distributed:
+                schedule = self._open_ranks()
+            elif self.loaded is None:
                 self.loaded = load_model(self.name, self.path, self.compute_dtype_setting)
                 self._open_disk_tier(self.loaded)
+            assert self.loaded is not None
             loop = EngineLoop(
                 self.loaded,
-                self._commands,
+                schedule,
                 _Outbox(self),
                 self._loop_settings,
                 self._kv,
                 self.stats,
                 lambda: next(self._entry_ids),
+                strict=self.world.distributed,
             )
             self._post(self._on_serving)
             loop.run()
         except BaseException as exc:  # the thread must report, never die silently
             error = f"{type(exc).__name__}: {exc}"
-            if self.loaded is None:
+            if self.world.distributed:
+                pass  # the Trio side says what failed, once (see _fail_world)
+            elif self.loaded is None:
                 log.error("cannot load model %s from %s: %s", self.name, self.path, error)
             else:
                 log.exception("engine thread for %s died", self.name)
         finally:
             self._post(self._on_thread_exit, error)
+
+    def _open_ranks(self) -> LeaderSchedule:
+        """Open the model on every rank (engine thread; see :mod:`.ranks`)."""
+        link = Link(self.world)
+        plan = RankPlan(
+            name=self.name,
+            path=self.path,
+            compute_dtype=self.compute_dtype_setting,
+            sharding=self.sharding,
+            loop=self._loop_settings,
+            seed=new_seed(),
+            rank_timeout=self.rank_timeout,
+            shutdown_grace=self._shutdown_grace,
+        )
+        opened = open_ranks(link, plan)
+        self.loaded, self.rank_pids = opened.loaded, opened.pids
+        log.info(
+            "model %s is sharded across %d ranks (pids %s)",
+            self.name,
+            self.world.size,
+            ", ".join(map(str, opened.pids)),
+        )
+        self._leader = LeaderSchedule(self._commands, link, opened.doorbell)
+        return self._leader
 
     def _open_disk_tier(self, loaded: LoadedModel) -> None:
         """Find the block files an earlier run left for these weights and start

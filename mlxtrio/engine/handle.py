@@ -62,13 +62,14 @@ class GenerationHandle:
         self.cancel_requested_at_step: int | None = None
         self.prefilled = 0  # prompt tokens in its KV so far, cached ones included
         self.boundary = 0  # where its system prompt ends, when the engine needs it
-        # In-flight reuse: ``share_requested`` is set when another request waits
-        # to start from this one's prompt; the engine then snapshots it once it
-        # is prefilled. ``kv_ready`` is set when that snapshot, or the one kept
-        # when the sequence ends, has reached the prefix index (or when the
-        # sequence ended without one).
-        self.share_requested = False
-        self.share_at = 0  # tokens of KV the waiters need (while prefilling)
+        # Names it in commands, across threads and ranks (set by the engine).
+        self.serial = 0
+        # In-flight reuse: when another request waits to start from this one's
+        # prompt, the engine is asked to snapshot it once it holds ``share_at``
+        # tokens. ``kv_ready`` is set when that snapshot, or the one kept when
+        # the sequence ends, has reached the prefix index (or when the sequence
+        # ended without one).
+        self.share_at = 0
         self.kv_ready = trio.Event()
 
     # -- Trio-facing API -------------------------------------------------

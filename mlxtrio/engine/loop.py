@@ -19,18 +19,23 @@ Fault isolation, from the narrowest to the widest:
   carry over;
 * anything else escapes :meth:`EngineLoop.run` and kills the thread, and the
   Trio side restarts it (see :class:`~.engine.Engine`).
+
+A loop whose model is sharded across ranks (``strict``) cannot rebuild its
+batch or fall back to a cold prefill on its own: the other ranks would not do
+the same. There a failed step ends the thread, and with it the world.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .commands import Cancel, Command, Drop, ForgetDisk, Share, Shutdown, Submit
 from .handle import GenerationHandle
+from .lockstep import Schedule
 from .memory import release_buffers
 from .model import LoadedModel
 from .pacing import PrefillPacer
@@ -75,12 +80,13 @@ class EngineLoop:
     KV) and ``stats`` outlive it."""
 
     loaded: LoadedModel
-    commands: queue.SimpleQueue[tuple[str, Any]]
+    schedule: Schedule
     outbox: Outbox
     settings: LoopSettings
     kv: KVTiers
     stats: EngineStats
     next_entry_id: Callable[[], int]
+    strict: bool = False  # sharded across ranks: no local recovery
     live: dict[int, LiveSequence] = field(default_factory=dict)
     by_handle: dict[GenerationHandle, LiveSequence] = field(default_factory=dict)
     _spellings: dict[str, tuple[int, ...]] = field(default_factory=dict)
@@ -96,48 +102,58 @@ class EngineLoop:
             self.outbox,
             self.settings.cache_enabled,
             self.next_entry_id,
+            strict=self.strict,
         )
+        self._pace_context = 0
         self.stats.mlx_active_bytes = release_buffers()
 
     def run(self) -> None:
         """Serve until a ``shutdown`` command. Exceptions other than a failed
         step propagate (the thread dies and is restarted by the Trio side)."""
         try:
-            while self._apply_commands(block=not self.live):
+            while True:
+                commands = self.schedule.commands(not self.live, self._report)
+                serving = self._apply(commands)
+                chunk = self.schedule.agree(commands, self._plan() if serving else 0, self._report)
+                if not serving:
+                    return
                 if self.live:
-                    self._step()
+                    self._step(chunk)
                     if not self.live:
                         self.stats.mlx_active_bytes = release_buffers()
         finally:
             self.gen.close()
 
+    def _report(self) -> tuple[int, int, int]:
+        """This rank's state for a lock-step round (see :mod:`.lockstep`)."""
+        return len(self.live), self.stats.steps, len(self.kv.memory.snapshots)
+
     # -- commands (the safepoint) --------------------------------------------
 
-    def _apply_commands(self, block: bool) -> bool:
-        """Apply queued commands. False means shut down."""
-        while True:
-            try:
-                command, arg = self.commands.get(block=block)
-            except queue.Empty:
-                return True
-            block = False
-            if command == "shutdown":
+    def _apply(self, commands: list[Command]) -> bool:
+        """Apply ``commands`` in order. False means shut down."""
+        for command in commands:
+            if isinstance(command, Shutdown):
                 self._end_all(lambda seq: _final("cancelled", seq.stats))
                 return False
-            if command == "submit":
-                self._insert(arg)
-            elif command == "cancel":
-                self._remove(arg)
-            elif command == "drop":
-                for entry_id in arg:
+            if isinstance(command, Submit):
+                self._insert(command.handle, command.withdrawn)
+            elif isinstance(command, Cancel):
+                self._remove(command.handle)
+            elif isinstance(command, Share):
+                seq = self.by_handle.get(command.handle)
+                if seq is not None:  # else it ended: its end sets kv_ready
+                    seq.share_at = max(seq.share_at, command.at)
+                    seq.share_requested = True
+            elif isinstance(command, Drop):
+                for entry_id in command.entry_ids:
                     self.kv.memory.drop(entry_id)
-            elif command == "forget_disk":
-                self.kv.forget_disk(arg)
+            elif isinstance(command, ForgetDisk):
+                self.kv.forget_disk(list(command.names))
+        return True
 
-    def _insert(self, handle: GenerationHandle) -> None:
-        if handle.done:  # failed while a previous engine thread held it
-            return
-        if handle.cancel_requested:
+    def _insert(self, handle: GenerationHandle, withdrawn: bool) -> None:
+        if withdrawn:  # cancelled before it started, or failed by a dead thread
             self._release(handle)
             stats = GenerationStats(prompt_tokens=len(handle.prompt))
             self.outbox.deliver([(handle, _final("cancelled", stats))])
@@ -232,8 +248,10 @@ class EngineLoop:
 
     # -- stepping --------------------------------------------------------------
 
-    def _step(self) -> None:
-        context = self._pace()
+    def _step(self, chunk: int) -> None:
+        """One ``BatchGenerator`` step, prefilling ``chunk`` tokens (see :meth:`_plan`)."""
+        if chunk:
+            self.gen.prefill_step_size = chunk
         try:
             with self.gen.stats() as timing:
                 prompt_responses, gen_responses = self.gen.next()
@@ -241,8 +259,8 @@ class EngineLoop:
             self._recover(exc)
             return
         self.stats.steps += 1
-        if timing.prompt_tokens:
-            self.pacer.observe(timing.prompt_tokens, timing.prompt_time, context)
+        if timing.prompt_tokens and self._pace_context:
+            self.pacer.observe(timing.prompt_tokens, timing.prompt_time, self._pace_context)
         deliveries = self._collect(prompt_responses, gen_responses)
         deliveries.extend(self._fail_guarded())
         if self.settings.cache_enabled:
@@ -250,22 +268,27 @@ class EngineLoop:
         if deliveries:
             self.outbox.deliver(deliveries)
 
-    def _pace(self) -> int:
-        """Size this step's prefill chunk by time; returns the context the chunk
-        attends to on average (for the pacer to learn from)."""
+    def _plan(self) -> int:
+        """Size the next step's prefill chunk by time (0: nothing prefills);
+        remembers the context the chunk attends to on average, for the pacer
+        to learn from."""
         prefilling = [seq for seq in self.live.values() if seq.prefilling]
         if not prefilling:
+            self._pace_context = 0
             return 0
         rows = min(len(prefilling), self.settings.capacity)
         context = max(seq.context for seq in prefilling)
         chunk = self.pacer.chunk(context, rows)
-        self.gen.prefill_step_size = chunk
-        return context + chunk // 2
+        self._pace_context = context + chunk // 2
+        return chunk
 
     def _recover(self, exc: Exception, dropping: int | None = None) -> None:
         """A step (or a removal) raised: fail the sequences that were in it and
         start a fresh ``BatchGenerator``; sequences still queued in the old one
-        carry over, but for ``dropping`` (a uid being removed)."""
+        carry over, but for ``dropping`` (a uid being removed). A strict loop
+        re-raises: the other ranks could not rebuild theirs in step."""
+        if self.strict:
+            raise exc
         old = self.gen
         old._unprocessed_sequences = type(old._unprocessed_sequences)(
             item for item in old._unprocessed_sequences if item[0] != dropping
@@ -323,7 +346,7 @@ class EngineLoop:
             stop_tokens=[[t] for t in self.loaded.tokenizer.eos_token_ids],
             completion_batch_size=s.capacity,
             prefill_batch_size=s.capacity,
-            # The model-call width inside a step: the cap. _pace sets how many
+            # The model-call width inside a step: the cap. _plan sets how many
             # tokens each step takes (mlx-lm copies this value into its prompt
             # batch once, at construction, so it must not be the paced size).
             prefill_step_size=s.max_prefill_chunk,

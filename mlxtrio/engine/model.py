@@ -17,6 +17,7 @@ from ..grammar.compiler import grammar_tokenizer
 from .blocks import root_name
 from .constraints import TokenTexts
 from .precision import apply_compute_dtype
+from .world import SOLO, World
 
 log = logging.getLogger("mlxtrio.engine")
 
@@ -63,13 +64,16 @@ class LoadedModel:
         return root_name(self.fingerprint, domain)
 
 
-def load_model(name: str, path: str, compute_dtype: str) -> LoadedModel:
-    """Load ``path`` (a local directory or hub id) and pick its compute type."""
-    from mlx_lm import load
+def load_model(
+    name: str, path: str, compute_dtype: str, world: World = SOLO, sharding: str = "auto"
+) -> LoadedModel:
+    """Load ``path`` (a local directory or hub id) and pick its compute type.
 
+    In a distributed ``world`` every rank calls this together and loads its
+    shard (see :func:`_load_shard`); the call returns once every rank has."""
     log.info("loading model %s from %s", name, path)
     started = time.perf_counter()
-    model, tokenizer, config = cast(tuple[Any, Any, dict[str, Any]], load(path, return_config=True))
+    model, tokenizer, config = _load_shard(path, world, sharding)
     # Built now rather than at the first request that needs it, which would
     # stall every running sequence while a large vocabulary is decoded.
     texts = TokenTexts.from_tokenizer(tokenizer)
@@ -115,6 +119,26 @@ def load_model(name: str, path: str, compute_dtype: str) -> LoadedModel:
         loaded.dtype,
     )
     return loaded
+
+
+def _load_shard(path: str, world: World, sharding: str) -> tuple[Any, Any, dict[str, Any]]:
+    """The whole model in a world of one; else this rank's shard, with
+    mlx-lm's sharding: ``tensor`` parallel (each layer's heads and MLP split
+    across the ranks; every step runs on all of them), ``pipeline`` parallel
+    (consecutive layers per rank), or ``auto``: tensor where the model
+    supports it, else pipeline."""
+    from mlx_lm import load
+    from mlx_lm.utils import sharded_load
+
+    if not world.distributed:
+        return cast(tuple[Any, Any, dict[str, Any]], load(path, return_config=True))
+    groups = {
+        "auto": {},
+        "tensor": {"tensor_group": world.group},
+        "pipeline": {"pipeline_group": world.group},
+    }[sharding]
+    loaded = sharded_load(path, return_config=True, **groups)  # type: ignore[arg-type]
+    return cast(tuple[Any, Any, dict[str, Any]], loaded)
 
 
 def weights_fingerprint(path: str, config: dict[str, Any], dtype: str) -> str:

@@ -8,7 +8,7 @@ is in hand, or given up, when it returns.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from functools import partial
 from pathlib import Path
 
@@ -30,14 +30,23 @@ class PrefixReuse:
     """One model's prefix lookups. Trio thread only.
 
     ``live`` is the engine's set of live handles (read, never changed here);
-    ``disk_dir`` is set once the engine thread has opened the disk tier.
+    ``request_share(handle, at)`` asks the engine to snapshot a live sequence
+    once it holds ``at`` tokens; ``disk_dir`` is set once the engine thread
+    has opened the disk tier.
     """
 
-    def __init__(self, index: PrefixIndex, live: set[GenerationHandle], stats: EngineStats) -> None:
+    def __init__(
+        self,
+        index: PrefixIndex,
+        live: set[GenerationHandle],
+        stats: EngineStats,
+        request_share: Callable[[GenerationHandle, int], None],
+    ) -> None:
         self.index = index
         self.disk_dir: Path | None = None
         self._live = live
         self._stats = stats
+        self._request_share = request_share
         self._readers = trio.CapacityLimiter(DISK_READERS)
 
     async def lookup(
@@ -109,7 +118,7 @@ class PrefixReuse:
                 return
             sharer, common = found
             sharer.share_at = max(sharer.share_at, common)
-            sharer.share_requested = True
+            self._request_share(sharer, sharer.share_at)
             self._stats.inflight_waits += 1
             await sharer.kv_ready.wait()
 

@@ -51,7 +51,11 @@ class LiveSequence:
     prefill_started_at: float | None = None
     prefill_done_at: float | None = None
     first_token_at: float | None = None
-    shared: bool = False  # snapshotted for a request waiting to reuse its prompt
+    # In-flight reuse: a request waits to start from this one's prompt once
+    # it holds ``share_at`` tokens; ``shared`` once it was snapshotted for it.
+    share_requested: bool = False
+    share_at: int = 0
+    shared: bool = False
     # Where its prompt is still to be snapshotted, in order (caches that
     # cannot be trimmed: see EngineLoop._boundaries).
     boundaries: list[int] = field(default_factory=list)

@@ -100,6 +100,9 @@ class Snapshots:
     outbox: SnapshotOutbox
     enabled: bool
     next_entry_id: Callable[[], int]
+    # Sharded across ranks: a snapshot that cannot be kept or rebuilt is an
+    # error, not a cold start (the other ranks would not know).
+    strict: bool = False
 
     # -- starting from the cache ------------------------------------------------
 
@@ -121,10 +124,14 @@ class Snapshots:
                 else:
                     cache = self.kv.memory.cache_for(match.entry.id, match.memory_length, extra)
         except Exception:
+            if self.strict:
+                raise
             log.exception("could not rebuild a cached prefix; prefilling it again")
             cache = None
         finally:
             self.outbox.release(match)
+        if cache is None and self.strict:
+            raise RuntimeError(f"the prefix cache does not hold the {match.length} tokens matched")
         return (cache, match.length) if cache is not None else (None, 0)
 
     def boundaries(self, handle: GenerationHandle, reused: int) -> list[int]:
@@ -159,6 +166,8 @@ class Snapshots:
             kept = self.kv.memory.keep(entry_id, cache, names, len(tokens))
             self.kv.spill(kept.new_blocks)
         except Exception:  # losing a snapshot costs a prefill, nothing else
+            if self.strict:
+                raise
             log.exception("could not keep a KV snapshot of %d tokens", len(tokens))
             return
         self.outbox.snapshot(
@@ -179,6 +188,8 @@ class Snapshots:
         try:
             extracted = gen.extract_cache([seq.uid])
         except Exception:
+            if self.strict:
+                raise
             log.exception("could not take a KV snapshot of a running sequence")
             return
         for cache, tokens in extracted.values():
@@ -192,13 +203,12 @@ class Snapshots:
         if not self.loaded.plain_kv:
             return
         for seq in live:
-            handle = seq.handle
-            if not handle.share_requested or seq.shared:
+            if not seq.share_requested or seq.shared:
                 continue
-            if seq.prefilling and seq.context < handle.share_at:
+            if seq.prefilling and seq.context < seq.share_at:
                 continue
             seq.shared = True
             try:
                 self.keep_live(gen, seq)
             finally:
-                self.outbox.shared(handle)
+                self.outbox.shared(seq.handle)

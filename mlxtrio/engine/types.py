@@ -59,6 +59,9 @@ class GrammarConstraint:
     grammar: Any
     after: int | None = None
     repeat: bool = False
+    # The grammar's llguidance Lark text: other ranks of a distributed model
+    # compile their own copy from it.
+    source: str = ""
 
 
 @dataclass

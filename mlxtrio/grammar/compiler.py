@@ -73,6 +73,15 @@ class GrammarCompiler:
             )
         return error
 
+    def compile_now(self, grammar: str) -> Any:
+        """:meth:`matcher` on the calling thread (blocking: milliseconds, once
+        per grammar), for a thread that is not Trio's: the engine thread of a
+        distributed model's other ranks. Raises :class:`GrammarError`."""
+        result = self._compile(grammar)
+        if isinstance(result, GrammarError):
+            raise result
+        return result
+
     # -- worker thread ---------------------------------------------------------
 
     def _compile(self, grammar: str) -> Any:
