@@ -15,6 +15,7 @@ import sniffio
 from quart_trio import QuartTrio
 
 from .api import (
+    chat_completions,
     health,
     messages,
     models,
@@ -133,6 +134,7 @@ def create_app(settings: Settings | None = None, world: World = SOLO) -> Mlxtrio
         responses.blueprint,
         responses_stored.blueprint,
         messages.blueprint,
+        chat_completions.blueprint,
     ):
         app.register_blueprint(blueprint)
     _count_requests(app, services)

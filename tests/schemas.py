@@ -163,7 +163,7 @@ class Schemas:
         resources = []
         self.documents: dict[str, dict[str, Any]] = {}
         for key, file in DOCUMENTS.items():
-            document = json.loads((directory / file).read_text())
+            document = _nullable_as_null(json.loads((directory / file).read_text()))
             self.documents[key] = document
             resources.append((f"urn:{key}", DRAFT202012.create_resource(document)))
         self.registry = referencing.Registry().with_resources(resources)
@@ -222,6 +222,24 @@ class Schemas:
                     instance = {**event, "response": _view(event["response"])}
             out.extend(self.problems(document, name, instance))
         return out
+
+
+def _nullable_as_null(node: Any) -> Any:
+    """The documents are OpenAPI 3.1, but some schemas (OpenAI's chat
+    completion chunks: ``finish_reason``, ``logprobs``) still say
+    ``nullable: true`` in 3.0's words, which JSON Schema ignores: read it as
+    the document means it, null allowed."""
+    if isinstance(node, list):
+        return [_nullable_as_null(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = {key: _nullable_as_null(value) for key, value in node.items()}
+    if node.get("nullable") is True:
+        if isinstance(node.get("type"), str):
+            node["type"] = [node["type"], "null"]
+        if isinstance(node.get("enum"), list) and None not in node["enum"]:
+            node["enum"] = [*node["enum"], None]
+    return node
 
 
 def _view(response: Any) -> Any:

@@ -84,7 +84,7 @@ def offered_tools(request: ResponsesRequest) -> list[ToolSpec]:
             if isinstance(member, FunctionTool):
                 specs.append(_function_spec(member))
             elif isinstance(member, CustomTool):
-                specs.append(_custom_tool_spec(member))
+                specs.append(custom_tool_spec(member))
     if isinstance(choice, NamedToolChoice):
         specs = [s for s in specs if s.name == choice.name]
     return specs
@@ -109,7 +109,7 @@ def output_format(request: ResponsesRequest) -> OutputFormat | None:
     return None
 
 
-def _custom_tool_spec(tool: CustomTool) -> ToolSpec:
+def custom_tool_spec(tool: CustomTool) -> ToolSpec:
     """A freeform tool (Codex's ``apply_patch``) offered as a function with one
     string argument, ``input``, that carries the raw text."""
     description = (tool.description or "").strip()

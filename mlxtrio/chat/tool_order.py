@@ -24,6 +24,7 @@ class Vocabulary:
 
 ANTHROPIC = Vocabulary("tool_result", "tool_use_id", "assistant turn with tool_use blocks")
 OPENAI = Vocabulary("function_call_output", "call_id", "assistant fan-out")
+CHAT = Vocabulary("tool message", "tool_call_id", "assistant message with tool_calls")
 
 
 class ToolOrderError(ValueError):

@@ -43,9 +43,16 @@ CLIENT_GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 ANTHROPIC_PING = b'event: ping\ndata: {"type": "ping"}\n\n'
 
 
+# Chat Completions streams have no event names and end with this frame.
+DONE_FRAME = b"data: [DONE]\n\n"
+
+
 def frame(event: str, data: dict[str, Any]) -> bytes:
-    """One SSE frame with an ``event:`` line and a JSON ``data:`` line."""
+    """One SSE frame with an ``event:`` line (none when ``event`` is empty, as
+    Chat Completions streams have none) and a JSON ``data:`` line."""
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    if not event:
+        return f"data: {payload}\n\n".encode()
     return f"event: {event}\ndata: {payload}\n\n".encode()
 
 
@@ -67,6 +74,12 @@ class EventSink:
         await self._channel.send(frame(event, data))
         self.sent += 1
         self.ended = self.ended or event in self._terminal
+
+    async def send_done(self) -> None:
+        """End a Chat Completions stream (``data: [DONE]``)."""
+        await self._channel.send(DONE_FRAME)
+        self.sent += 1
+        self.ended = True
 
 
 Producer = Callable[[EventSink], Awaitable[None]]
@@ -112,6 +125,9 @@ MESSAGES = Surface(
         {"type": "error", "error": {"type": "api_error", "message": "internal server error"}},
     ),
 )
+
+CHAT_ERROR = {"error": {"type": "server_error", "message": "internal server error", "code": None}}
+CHAT = Surface(frozenset(), lambda sent: frame("", CHAT_ERROR) + DONE_FRAME)
 
 
 class EventStream:
