@@ -180,6 +180,12 @@ class Settings:
             raise SettingsError(
                 f"sharding must be one of {', '.join(SHARDINGS)} (got {self.sharding!r})"
             )
+        if self.rank_timeout < 2:
+            # Rank 0 exchanges with idle ranks every second: less would give up
+            # on a world that is merely idle.
+            raise SettingsError(
+                f"rank_timeout must be at least 2 seconds (got {self.rank_timeout})"
+            )
         if self.waiting_room < 0:
             raise SettingsError(f"waiting_room must be 0 or more (got {self.waiting_room})")
         if not 0 < self.port < 65536:
@@ -194,7 +200,6 @@ class Settings:
             "store_timeout",
             "store_write_timeout",
             "store_sweep_interval",
-            "rank_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")

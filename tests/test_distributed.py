@@ -413,3 +413,40 @@ async def test_ranks_that_cannot_shard_the_model_say_so(tmp_path: Path) -> None:
     assert status == 1
     assert "could not open the model on every rank" in log, log[-2000:]
     assert "does not support pipelining" in log
+
+
+class _ScriptedLink:
+    """A Link whose sums are given (rank 0 of two): what the other rank said."""
+
+    def __init__(self, other: list[int]) -> None:
+        from mlxtrio.engine.world import World
+
+        self.world = World(0, 2)
+        self._other = other
+
+    def sum_ints(self, values: list[int]) -> list[int]:
+        return [v + o for v, o in zip(values, [0, 0, 0, 0, 0, *self._other], strict=True)]
+
+    def broadcast(self, payload: bytes | None, size: int) -> bytes:
+        return payload or b""
+
+
+def test_rank_0_ends_the_world_when_a_rank_is_out_of_step() -> None:
+    """Every rank reports its state before the round's commands; a rank whose
+    batch parted from rank 0's (a failure only it met) is caught at once."""
+    import queue
+
+    from mlxtrio.engine.doorbell import Doorbell
+    from mlxtrio.engine.lockstep import LeaderSchedule, RankDivergence
+
+    def before() -> tuple[int, int, int]:
+        return (1, 40, 2)
+
+    in_step = LeaderSchedule(queue.SimpleQueue(), _ScriptedLink([1, 40, 2]), Doorbell())  # type: ignore[arg-type]
+    in_step.commands(False, before)
+    assert in_step.agree([], 16, before) == 16
+    assert [(r.live, r.steps) for r in in_step.ranks] == [(1, 40), (1, 40)]
+    parted = LeaderSchedule(queue.SimpleQueue(), _ScriptedLink([0, 40, 2]), Doorbell())  # type: ignore[arg-type]
+    parted.commands(False, before)
+    with pytest.raises(RankDivergence, match="rank 1 is out of step"):
+        parted.agree([], 16, before)

@@ -26,6 +26,7 @@ import os
 import secrets
 import socket
 import struct
+import time
 from dataclasses import dataclass, field
 
 from .world import Link
@@ -114,7 +115,7 @@ def _leader_addresses() -> list[str]:
     try:
         with open(os.environ.get("MLX_HOSTFILE", ""), encoding="utf-8") as hostfile:
             ring = json.load(hostfile)
-        found += [entry.rsplit(":", 1)[0] for entry in ring[0]]
+        found += [entry.rsplit(":", 1)[0].strip("[]") for entry in ring[0]]
     except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
         pass
     found += [socket.gethostname(), "127.0.0.1"]
@@ -141,11 +142,15 @@ def _accept(listener: socket.socket, secret: bytes, expected: set[int]) -> dict[
     """The connections of the ranks in ``expected`` that sent the secret (others
     are closed: anyone may knock while the port is open)."""
     accepted: dict[int, socket.socket] = {}
-    listener.settimeout(ACCEPT_TIMEOUT)
+    deadline = time.monotonic() + ACCEPT_TIMEOUT
     while not expected <= accepted.keys():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        listener.settimeout(left)
         try:
             sock, _ = listener.accept()
-        except OSError:  # a timeout: go on with those that came
+        except OSError:  # the deadline: go on with those that came
             break
         try:
             sock.settimeout(CONNECT_TIMEOUT)

@@ -430,7 +430,7 @@ class Engine:
             with trio.move_on_after(1.0):
                 await self._world_failed.wait()
             leader = self._leader
-            if leader is None or self.state is not EngineState.READY:
+            if leader is None or self.state not in (EngineState.READY, EngineState.STOPPING):
                 continue
             silent = time.monotonic() - leader.last_round
             if silent > self.rank_timeout:

@@ -13,8 +13,8 @@ how the process ends:
   (the engine thread is a daemon and is abandoned);
 * SIGINT or SIGTERM: under ``mlx.launch`` a Ctrl-C reaches every rank, and
   rank 0 then finishes its streams and shuts the world down; this rank waits
-  for that, for rank 0's shutdown grace plus :data:`SIGNAL_MARGIN`, and exits
-  1 if it does not come. A second signal exits at once.
+  for that, for twice rank 0's shutdown grace plus :data:`SIGNAL_MARGIN`, and
+  exits 1 if it does not come. A second signal exits at once.
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ from .world import Link, World
 log = logging.getLogger("mlxtrio.engine")
 
 EXIT_OK, EXIT_FAILED = 0, 1
-SIGNAL_MARGIN = 10.0  # seconds past rank 0's shutdown grace
+# Rank 0's shutdown takes its grace twice (the engines drain, then hypercorn
+# closes connections) plus the stores' write timeout: wait that long and more.
+SIGNAL_MARGIN = 30.0  # seconds past twice rank 0's shutdown grace
 WATCH_INTERVAL = 0.5  # seconds
 
 
@@ -79,7 +81,7 @@ def _watch(rank: _Rank, signalled: list[float]) -> int | None:
         return EXIT_FAILED
     if signalled and plan is not None:
         waited = time.monotonic() - signalled[0]
-        if waited > plan.shutdown_grace + SIGNAL_MARGIN:
+        if waited > 2 * plan.shutdown_grace + SIGNAL_MARGIN:
             log.error(
                 "rank %d: rank 0 did not end the world in %.0f s; exiting", rank.world.rank, waited
             )

@@ -14,8 +14,11 @@ matching (wrong output, or a hang). So at each safepoint the ranks hold a
   form;
 * every other rank receives them, applies the same commands and uses rank 0's
   chunk: what each rank does is a function of rank 0's decisions alone;
-* each rank adds its own state to the header (sequences live, steps taken,
-  KV snapshots held), so rank 0 sees every rank's state after every round
+* each rank adds its state as it was before the round's commands (sequences
+  live, steps taken, KV snapshots held): equal on every rank while they are
+  in step, so rank 0 ends the world at the first difference (a rank that
+  failed alone, or computes differently) instead of letting it run on with
+  parted batches; ``/health`` shows them
   (``/health`` shows it).
 
 An idle rank 0 holds a round every :data:`HEARTBEAT` seconds, so a rank that
@@ -55,6 +58,10 @@ class RankState:
 
 
 Report = Callable[[], Sequence[int]]  # this rank's REPORT_FIELDS, now
+
+
+class RankDivergence(RuntimeError):
+    """A rank's state parted from rank 0's: the world cannot go on."""
 
 
 class Schedule(Protocol):
@@ -104,13 +111,29 @@ class LeaderSchedule(LocalSchedule):
         self._doorbell = doorbell
         self.last_round = time.monotonic()
         self.ranks = tuple(RankState(r, 0, 0, 0) for r in range(link.world.size))
+        self._before: Sequence[int] = ()
+
+    def commands(self, block: bool, report: Report) -> list[Command]:
+        self._before = report()  # what the other ranks report in this round
+        return super().commands(block, report)
 
     def agree(self, commands: list[Command], chunk: int, report: Report) -> int:
         payload = encode(commands) if commands else b""
         self._doorbell.ring()
-        _, _, self.ranks = _round(self._link, len(payload), chunk, report())
+        _, _, self.ranks = _round(self._link, len(payload), chunk, self._before)
         self._link.broadcast(payload, len(payload))
         self.last_round = time.monotonic()
+        leader = self.ranks[0]
+        for rank in self.ranks[1:]:
+            if (rank.live, rank.steps, rank.snapshots) != (
+                leader.live,
+                leader.steps,
+                leader.snapshots,
+            ):
+                raise RankDivergence(
+                    f"rank {rank.rank} is out of step with rank 0 ({_state(rank)} against "
+                    f"{_state(leader)})"
+                )
         return chunk
 
 
@@ -157,3 +180,7 @@ def _round(
         RankState(r, *summed[2 + r * width : 2 + (r + 1) * width]) for r in range(world.size)
     )
     return summed[0], summed[1], ranks
+
+
+def _state(rank: RankState) -> str:
+    return f"{rank.live} sequences, {rank.steps} steps, {rank.snapshots} KV snapshots"

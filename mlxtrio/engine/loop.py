@@ -21,8 +21,9 @@ Fault isolation, from the narrowest to the widest:
   Trio side restarts it (see :class:`~.engine.Engine`).
 
 A loop whose model is sharded across ranks (``strict``) cannot rebuild its
-batch or fall back to a cold prefill on its own: the other ranks would not do
-the same. There a failed step ends the thread, and with it the world.
+batch, end one sequence or fall back to a cold prefill on its own: the other
+ranks would not do the same, and their batches would part. There every one
+of these failures ends the thread, and with it the world.
 """
 
 from __future__ import annotations
@@ -161,6 +162,8 @@ class EngineLoop:
         try:
             self._start(handle)
         except Exception as exc:
+            if self.strict:
+                raise
             log.exception("could not start a sequence of %d prompt tokens", len(handle.prompt))
             self._release(handle)
             self.outbox.deliver([(handle, _error(f"could not start generation: {exc}"))])
@@ -321,6 +324,8 @@ class EngineLoop:
         ]
         if not broken:
             return []
+        if self.strict:  # one rank cannot end a sequence on its own
+            raise RuntimeError("a logits processor failed") from broken[0][1]
         deliveries = []
         for seq, error in broken:
             log.error("a logits processor failed; ending its sequence", exc_info=error)
@@ -390,6 +395,8 @@ class EngineLoop:
             try:
                 deliveries.append((seq.handle, self._token_event(seq, r, now)))
             except Exception as exc:  # detokenizing or caching this one failed
+                if self.strict:
+                    raise
                 log.exception("ending a sequence whose token could not be handled")
                 deliveries.append((seq.handle, _error(f"generation failed: {exc}")))
                 self._end(seq)
