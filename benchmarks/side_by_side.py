@@ -105,18 +105,45 @@ SMOKE = Sizes(
 
 
 def models(name: str) -> tuple[str, str]:
-    """(the model, its random-weight twin) for ``embedded`` or ``small``."""
+    """(the model, its random-weight twin) for ``embedded`` or ``small``, as
+    float32 checkpoints: both servers then compute in the same type (mlxtrio
+    would upcast a bfloat16 checkpoint on a CPU with a fast BLAS, mlx_lm.server
+    would not), so the figures compare the servers, not their dtype choices."""
     from engine_overhead import random_weights_model
     from grammar_overhead import small_model
 
     from mlxtrio.settings import EMBEDDED_MODEL_PATH
 
     if name == "embedded":
-        return str(EMBEDDED_MODEL_PATH), random_weights_model()
+        return float32_copy(str(EMBEDDED_MODEL_PATH)), float32_copy(random_weights_model())
     if name == "small":
-        path = small_model()
+        path = float32_copy(small_model())
         return path, path
     raise SystemExit(f"unknown model {name!r}: embedded or small")
+
+
+def float32_copy(path: str) -> str:
+    import shutil
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import load_model
+
+    out = Path(tempfile.mkdtemp(prefix="side-by-side-")) / (Path(path).name + "-f32")
+    shutil.copytree(path, out, ignore=shutil.ignore_patterns("*.safetensors*"))
+    model, _ = load_model(Path(path))
+    weights = {k: v.astype(mx.float32) for k, v in tree_flatten(model.parameters())}
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    return str(out)
+
+
+def peer_env() -> dict[str, str]:
+    """mlx_lm.server multiplies through the same BLAS as mlxtrio (which loads
+    the system OpenBLAS itself; the peer needs it preloaded)."""
+    env = dict(os.environ)
+    if mlxtrio.SYSTEM_BLAS:
+        env["LD_PRELOAD"] = mlxtrio.SYSTEM_BLAS
+    return env
 
 
 # -- servers -----------------------------------------------------------------------
@@ -149,7 +176,8 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(kind: str, model: str) -> Iterator[Server]:
+def serving(kind: str, model: str, extra: tuple[str, ...] = ()) -> Iterator[Server]:
+    """A warmed-up server of ``kind`` on ``model`` (``extra``: more flags)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix=f"side-by-side-{kind}-") as data:
         if kind == "mlx_lm":
@@ -159,8 +187,10 @@ def serving(kind: str, model: str) -> Iterator[Server]:
             cmd = [PYTHON, "-m", "mlxtrio", "serve", "--model", model, "--port", str(port)]
             cmd += ["--model-name", model, "--data-dir", data, "--log-level", "warning"]
             ready = "/health"
+        cmd += list(extra)
         with (Path(data) / "log").open("wb") as log:
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+            env = peer_env() if kind == "mlx_lm" else None
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env)
         try:
             wait_ready(f"http://127.0.0.1:{port}", ready, proc)
             server = Server(kind, model, port, proc)
@@ -188,11 +218,15 @@ def body(server: Server, messages: list[dict[str, Any]], max_tokens: int, **extr
     }
 
 
-def complete(server: Server, messages: list[dict[str, Any]], max_tokens: int, **extra: Any) -> float:
+def complete(
+    server: Server, messages: list[dict[str, Any]], max_tokens: int, **extra: Any
+) -> float:
     """Seconds a non-streaming request took."""
     started = time.perf_counter()
     with httpx.Client(timeout=3600) as client:
-        r = client.post(server.url + "/v1/chat/completions", json=body(server, messages, max_tokens, **extra))
+        r = client.post(
+            server.url + "/v1/chat/completions", json=body(server, messages, max_tokens, **extra)
+        )
     r.raise_for_status()
     return time.perf_counter() - started
 
@@ -205,7 +239,9 @@ class Streamed:
 
 
 def stream(server: Server, messages: list[dict[str, Any]], max_tokens: int, out: Streamed) -> None:
-    payload = body(server, messages, max_tokens, stream=True, stream_options={"include_usage": True})
+    payload = body(
+        server, messages, max_tokens, stream=True, stream_options={"include_usage": True}
+    )
     out.started = time.perf_counter()
     with httpx.Client(timeout=3600) as client:
         with client.stream("POST", server.url + "/v1/chat/completions", json=payload) as r:
@@ -218,7 +254,11 @@ def stream(server: Server, messages: list[dict[str, Any]], max_tokens: int, out:
                     out.tokens = int(chunk["usage"]["completion_tokens"])
                 for choice in chunk.get("choices") or []:
                     delta = choice.get("delta") or {}
-                    if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+                    if (
+                        delta.get("content")
+                        or delta.get("reasoning_content")
+                        or delta.get("reasoning")
+                    ):
                         out.deltas.append(time.perf_counter())
 
 
@@ -248,7 +288,9 @@ def decode(server: Server, sizes: Sizes) -> dict[str, Any]:
 
 def ttft(server: Server, sizes: Sizes, tokenizer: Any) -> dict[str, Any]:
     return {
-        str(n): complete(server, [{"role": "user", "content": prompt_of(n, 1000 + n, tokenizer)}], 1)
+        str(n): complete(
+            server, [{"role": "user", "content": prompt_of(n, 1000 + n, tokenizer)}], 1
+        )
         for n in sizes.contexts
     }
 
@@ -258,7 +300,9 @@ def agent_messages(system: str, session: int, turns: int) -> list[list[dict[str,
     history: list[dict[str, Any]] = [{"role": "system", "content": system}]
     out = []
     for turn in range(turns):
-        history.append({"role": "user", "content": f"Session {session}, step {turn}: " + words(40, turn)})
+        history.append(
+            {"role": "user", "content": f"Session {session}, step {turn}: " + words(40, turn)}
+        )
         out.append(list(history))
         history.append({"role": "assistant", "content": "Done: " + words(30, turn + 50)})
     return out
@@ -282,7 +326,9 @@ AGENT_TOOLS = [
 
 
 def agent_loop(server: Server, sizes: Sizes, system: str) -> dict[str, Any]:
-    times = [complete(server, m, 1, tools=AGENT_TOOLS) for m in agent_messages(system, 0, sizes.turns)]
+    times = [
+        complete(server, m, 1, tools=AGENT_TOOLS) for m in agent_messages(system, 0, sizes.turns)
+    ]
     return {"turns": times}
 
 
@@ -304,7 +350,12 @@ def aggregate(server: Server, sizes: Sizes) -> dict[str, Any]:
         threads = [
             threading.Thread(
                 target=stream,
-                args=(server, [{"role": "user", "content": f"Tale {n}-{i}"}], sizes.stream_tokens, r),
+                args=(
+                    server,
+                    [{"role": "user", "content": f"Tale {n}-{i}"}],
+                    sizes.stream_tokens,
+                    r,
+                ),
             )
             for i, r in enumerate(runs)
         ]
@@ -433,7 +484,9 @@ Row = tuple[str, Callable[[dict[str, Any]], float | None], bool]  # label, value
 
 
 def rows(sizes: Sizes) -> list[Row]:
-    out: list[Row] = [("decode, 1 stream (tok/s)", lambda f: f["decode"]["tokens_per_second"], True)]
+    out: list[Row] = [
+        ("decode, 1 stream (tok/s)", lambda f: f["decode"]["tokens_per_second"], True)
+    ]
     for n in sizes.contexts:
         out.append((f"cold TTFT, ~{n:,} tokens (s)", lambda f, n=n: f["ttft"][str(n)], False))
     out += [
@@ -443,12 +496,20 @@ def rows(sizes: Sizes) -> list[Row]:
             lambda f: statistics.median(f["agent_loop"]["turns"][1:]),
             False,
         ),
-        (f"{sizes.sessions} sessions: median later turn TTFT (s)", lambda f: f["sessions"]["later_median"], False),
+        (
+            f"{sizes.sessions} sessions: median later turn TTFT (s)",
+            lambda f: f["sessions"]["later_median"],
+            False,
+        ),
     ]
     for n in sizes.streams:
         out.append((f"{n} concurrent streams (tok/s)", lambda f, n=n: f["aggregate"][str(n)], True))
     out += [
-        ("CPU in the 5 s after a hang-up (s)", lambda f: f["hangup_cpu"]["cpu_seconds_after_hangup"], False),
+        (
+            "CPU in the 5 s after a hang-up (s)",
+            lambda f: f["hangup_cpu"]["cpu_seconds_after_hangup"],
+            False,
+        ),
         ("/health latency under load, p99 (ms)", lambda f: f["health"]["p99_ms"], False),
         ("longest token gap while a prompt prefills (s)", lambda f: f["gap"]["max_gap_s"], False),
     ]
@@ -493,13 +554,25 @@ def plot(results: dict[str, Any], sizes: Sizes, name: str, path: Path) -> None:
     fig.suptitle(f"mlx_lm.server vs mlxtrio, {name} model (lower is better unless marked)")
 
     ax = axes[0][0]
-    values = [results["raw_decode_tokens_per_second"]] + [results[k]["decode"]["tokens_per_second"] for k in kinds]
-    ax.bar(["raw mlx-lm"] + [labels[k] for k in kinds], values, color=["tab:green"] + [colors[k] for k in kinds])
+    values = [results["raw_decode_tokens_per_second"]] + [
+        results[k]["decode"]["tokens_per_second"] for k in kinds
+    ]
+    ax.bar(
+        ["raw mlx-lm"] + [labels[k] for k in kinds],
+        values,
+        color=["tab:green"] + [colors[k] for k in kinds],
+    )
     ax.set_title("decode, 1 stream (tok/s, higher is better)")
 
     ax = axes[0][1]
     for k in kinds:
-        ax.plot(sizes.contexts, [results[k]["ttft"][str(n)] for n in sizes.contexts], "o-", color=colors[k], label=labels[k])
+        ax.plot(
+            sizes.contexts,
+            [results[k]["ttft"][str(n)] for n in sizes.contexts],
+            "o-",
+            color=colors[k],
+            label=labels[k],
+        )
     ax.set_title("cold TTFT (s) by prompt tokens")
     ax.set_xscale("log")
     ax.legend()
@@ -515,7 +588,13 @@ def plot(results: dict[str, Any], sizes: Sizes, name: str, path: Path) -> None:
 
     ax = axes[1][0]
     for k in kinds:
-        ax.plot(sizes.streams, [results[k]["aggregate"][str(n)] for n in sizes.streams], "o-", color=colors[k], label=labels[k])
+        ax.plot(
+            sizes.streams,
+            [results[k]["aggregate"][str(n)] for n in sizes.streams],
+            "o-",
+            color=colors[k],
+            label=labels[k],
+        )
     ax.set_title("aggregate tok/s by concurrent streams (higher is better)")
     ax.set_xticks(list(sizes.streams))
     ax.legend()
@@ -577,7 +656,8 @@ def write(name: str, results: dict[str, Any], sizes: Sizes, out: Path, smoke: bo
         f"# mlx_lm.server vs mlxtrio: {name} model\n\n"
         f"`python benchmarks/side_by_side.py --models {name}`{' --smoke' if smoke else ''}, "
         f"{time.strftime('%Y-%m-%d')}. Machine: {machine()}. Both servers with their "
-        "defaults, one at a time, through `/v1/chat/completions`. Raw figures: "
+        "defaults, one at a time, through `/v1/chat/completions`, on a float32 copy of the "
+        "model (the same compute type and BLAS for both). Raw figures: "
         f"`{stem.with_suffix('.json').name}`.\n\n{text}\n\n![plots]({stem.with_suffix('.png').name})\n"
     )
     print(f"\n## {name}\n\n{text}\n")

@@ -45,6 +45,14 @@ class AdmissionLane:
         self._reserved = 0  # tickets issued and not yet holding a slot
         self.running = 0
 
+    def resize(self, capacity: int) -> None:
+        """Change the capacity of a lane nobody uses yet (the model's batch
+        size, once it is known)."""
+        if self.running or self._reserved:
+            raise RuntimeError("resizing a lane in use")
+        self.capacity = capacity
+        self._slots = trio.Semaphore(capacity)
+
     @property
     def waiting(self) -> int:
         """Requests admitted to the waiting room that do not hold a slot yet."""

@@ -26,7 +26,7 @@ log = logging.getLogger("mlxtrio")
 HELP = {
     "model": "model path or hub id (default: the embedded model)",
     "model_name": "public name of --model",
-    "capacity": "concurrent sequences per model",
+    "capacity": "concurrent sequences per model (0: auto, from the model and the memory)",
     "waiting_room": "queued requests per model before 429",
     "prefix_cache_bytes": "prefix KV cache budget per model (-1 auto, 0 off)",
     "prefix_cache_disk_bytes": "its disk tier in data_dir/kv-cache per model (-1 auto, 0 off)",

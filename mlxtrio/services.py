@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import trio
@@ -15,6 +16,7 @@ from .chat.sealing import ReasoningSealer
 from .engine.engine import Engine
 from .engine.handle import EngineError
 from .engine.registry import ModelRegistry
+from .engine.sizing import MAX_CAPACITY
 from .engine.world import SOLO, World
 from .metrics import Metrics
 from .settings import Settings
@@ -35,6 +37,11 @@ def _model_specs(settings: Settings) -> list[tuple[str, str]]:
             name, path = item.rstrip("/").split("/")[-1], item
         specs.append((name.strip(), path.strip()))
     return specs
+
+
+def _size_lane(lane: AdmissionLane, engine: Engine) -> None:
+    """The model's lane admits as many as its batch holds (known once loaded)."""
+    lane.resize(engine.capacity)
 
 
 @dataclass
@@ -82,11 +89,13 @@ class Services:
                 shutdown_grace=s.shutdown_grace,
             )
             self.registry.add(engine)
-            self.lanes[name] = AdmissionLane(f"model {name!r}", s.capacity, s.waiting_room)
+            lane = AdmissionLane(f"model {name!r}", engine.capacity, s.waiting_room)
+            engine.on_loaded.append(partial(_size_lane, lane))
+            self.lanes[name] = lane
         # Prompt rendering and tokenization (count_tokens included) are CPU work
         # beside the engines: one at a time, so they cannot starve generation.
         self.render_lane = AdmissionLane(
-            "prompt rendering", 1, 2 * (s.waiting_room + s.capacity * len(self.lanes))
+            "prompt rendering", 1, 2 * (s.waiting_room + MAX_CAPACITY * len(self.lanes))
         )
         self.metrics = Metrics(self._live_sources)
         self.sealer = ReasoningSealer.from_key_file(s.data_path / "reasoning.key")

@@ -55,8 +55,10 @@ class Settings:
     # keeps the public name); loopback names always are. * turns the check off.
     allowed_hosts: str = ""
 
-    # Admission: running sequences per model, and how many may wait for a slot.
-    capacity: int = 4
+    # Admission: running sequences per model (0 = auto: as many as fit a
+    # quarter of memory at 8k tokens of KV each, 4 to 16; see engine/sizing.py),
+    # and how many may wait for a slot.
+    capacity: int = 0
     waiting_room: int = 16
 
     # Prefix KV cache budget per model in bytes: -1 = auto (20 % of physical
@@ -167,7 +169,9 @@ class Settings:
         return settings
 
     def validate(self) -> None:
-        positive = ("capacity", "default_max_tokens", "max_output_tokens", "prefill_chunk")
+        if self.capacity < 0:
+            raise SettingsError(f"capacity must be 0 (auto) or more (got {self.capacity})")
+        positive = ("default_max_tokens", "max_output_tokens", "prefill_chunk")
         for name in positive:
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be at least 1 (got {getattr(self, name)})")

@@ -216,7 +216,7 @@ def test_settings_precedence_env_then_flags() -> None:
 
 def test_bad_settings_are_reported_by_name() -> None:
     for env, word in (
-        ({"MLXTRIO_CAPACITY": "0"}, "capacity"),
+        ({"MLXTRIO_CAPACITY": "-1"}, "capacity"),
         ({"MLXTRIO_PORT": "abc"}, "MLXTRIO_PORT"),
         ({"MLXTRIO_ALIASES": "nonsense"}, "aliases"),
         ({"MLXTRIO_COMPUTE_DTYPE": "fp8"}, "compute_dtype"),
@@ -256,3 +256,35 @@ def test_every_setting_has_a_working_flag() -> None:
         args = build_parser().parse_args(["serve", flag, value])
         settings = settings_from_args(args)
         assert str(getattr(settings, field.name)) == str(kind(value)), field.name
+
+
+def test_auto_capacity_follows_the_kv_the_machine_can_hold() -> None:
+    from mlxtrio.engine.sizing import auto_capacity
+
+    qwen3_8b = {
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_size": 4096,
+    }
+    assert auto_capacity(qwen3_8b, "bfloat16", 64 << 30) == 14
+    assert auto_capacity(qwen3_8b, "bfloat16", 16 << 30) == 4  # never below 4
+    assert (
+        auto_capacity(
+            {"num_hidden_layers": 4, "num_attention_heads": 4, "hidden_size": 256},
+            "float32",
+            8 << 30,
+        )
+        == 16
+    )
+    assert auto_capacity({}, "float32", 8 << 30) == 8  # a config that does not say
+
+
+async def test_auto_capacity_sizes_the_batch_and_the_lane(server_factory) -> None:
+    server = await server_factory()  # the embedded model, CAPACITY auto
+    assert server.engine.capacity == 16
+    assert server.services.lanes[server.engine.name].capacity == 16
+    async with server.client() as client:
+        health = (await client.get("/health")).json()
+    assert health["models"][0]["capacity"] == 16

@@ -42,6 +42,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,9 @@ from .lockstep import LeaderSchedule, LocalSchedule, RankState, Schedule
 from .loop import Delivery, EngineLoop, LoopSettings
 from .model import LoadedModel, load_model
 from .prefix_cache import Entry, Match, PrefixIndex
-from .ranks import RankPlan, new_seed, open_ranks
+from .ranks import RankPlan, new_seed, open_ranks, resolved_capacity
 from .reuse import PrefixReuse
+from .sizing import MIN_CAPACITY
 from .snapshots import KVTiers
 from .types import EngineStats, GenerationEvent, GenerationStats, SamplingParams
 from .world import SOLO, Link, World
@@ -108,7 +110,8 @@ class Engine:
         self._shutdown_grace = shutdown_grace
         self._context_limit = context_limit
         self.path = path
-        self.capacity = capacity
+        # 0 = auto: known once the model is loaded (see .sizing).
+        self.capacity = capacity or MIN_CAPACITY
         self.compute_dtype_setting = compute_dtype
         self._loop_settings = LoopSettings(
             capacity=capacity,
@@ -152,6 +155,9 @@ class Engine:
         self._leader: LeaderSchedule | None = None
         self.rank_pids: tuple[int, ...] = ()
         self._world_failed = trio.Event()
+        # Called on the Trio thread once the model is loaded, before the first
+        # request can reach it (what depends on the loaded model's capacity).
+        self.on_loaded: list[Callable[[Engine], None]] = []
 
     # ------------------------------------------------------------------
     # What the loaded model tells the request path
@@ -376,6 +382,9 @@ class Engine:
             self._idle.set()
 
     def _on_serving(self) -> None:
+        if self.state is EngineState.LOADING:
+            for hook in self.on_loaded:
+                hook(self)
         if self.state in (EngineState.LOADING, EngineState.RESTARTING):
             self.state = EngineState.READY
             self.error = None
@@ -485,6 +494,7 @@ class Engine:
             elif self.loaded is None:
                 self.loaded = load_model(self.name, self.path, self.compute_dtype_setting)
                 self._open_disk_tier(self.loaded)
+                self._size_batch(resolved_capacity(self._loop_settings.capacity, self.loaded))
             assert self.loaded is not None
             loop = EngineLoop(
                 self.loaded,
@@ -509,6 +519,12 @@ class Engine:
         finally:
             self._post(self._on_thread_exit, error)
 
+    def _size_batch(self, capacity: int) -> None:
+        """Set the batch size (engine thread, before serving: the Trio side
+        reads ``capacity`` once the engine is ready)."""
+        log.info("model %s: decodes up to %d sequences at once", self.name, capacity)
+        self.capacity = self._loop_settings.capacity = capacity
+
     def _open_ranks(self) -> LeaderSchedule:
         """Open the model on every rank (engine thread; see :mod:`.ranks`)."""
         link = Link(self.world)
@@ -524,6 +540,7 @@ class Engine:
         )
         opened = open_ranks(link, plan)
         self.loaded, self.rank_pids = opened.loaded, opened.pids
+        self._size_batch(opened.plan.loop.capacity)
         log.info(
             "model %s is sharded across %d ranks (pids %s)",
             self.name,

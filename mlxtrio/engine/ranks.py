@@ -28,6 +28,7 @@ from .doorbell import Doorbell, open_doorbell
 from .loop import LoopSettings
 from .model import LoadedModel, load_model
 from .precision import apply_compute_dtype
+from .sizing import auto_capacity
 from .world import Link
 
 log = logging.getLogger("mlxtrio.engine")
@@ -74,7 +75,17 @@ def open_ranks(link: Link, plan: RankPlan | None = None) -> OpenRanks:
 
     plan = RankPlan.from_json(link.share_json(dataclasses.asdict(plan) if plan else None))
     loaded = load_model(plan.name, plan.path, plan.compute_dtype, link.world, plan.sharding)
-    dtype = link.share_json(loaded.dtype if link.world.leader else None)
+    # Rank 0's compute type, and its batch size when that is auto (both are
+    # known only once the model is loaded).
+    settled = link.share_json(
+        {"dtype": loaded.dtype, "capacity": resolved_capacity(plan.loop.capacity, loaded)}
+        if link.world.leader
+        else None
+    )
+    plan = dataclasses.replace(
+        plan, loop=dataclasses.replace(plan.loop, capacity=settled["capacity"])
+    )
+    dtype = settled["dtype"]
     if loaded.dtype != dtype:
         log.info("rank %d computes in rank 0's %s, not %s", link.world.rank, dtype, loaded.dtype)
         apply_compute_dtype(loaded.model, dtype)
@@ -88,6 +99,11 @@ def open_ranks(link: Link, plan: RankPlan | None = None) -> OpenRanks:
     mx.random.seed(plan.seed)
     doorbell = open_doorbell(link)
     return OpenRanks(plan, loaded, tuple(pid for pid, _ in gathered), doorbell)
+
+
+def resolved_capacity(setting: int, loaded: LoadedModel) -> int:
+    """``setting``, or the auto capacity for ``loaded`` when it is 0."""
+    return setting or auto_capacity(loaded.config, loaded.dtype)
 
 
 def _digest(config: dict[str, Any]) -> int:
