@@ -115,6 +115,11 @@ def test_pacer_sizes_chunks_by_the_time_they_take() -> None:
     pacer = PrefillPacer(budget=0.25, max_chunk=512)
     pacer.observe(tokens=512, seconds=0.001, context=0)
     assert pacer.chunk(context=0) == 512
+    # With no stream waiting for the step, it may take four budgets.
+    pacer = PrefillPacer(budget=0.25, max_chunk=8192)
+    pacer.observe(tokens=512, seconds=0.1, context=1000)
+    shared = pacer.chunk(context=1000, decoding=True)
+    assert 3 * shared <= pacer.chunk(context=1000, decoding=False) <= 4 * shared + 16
 
 
 async def test_running_streams_keep_decoding_while_a_long_prompt_prefills(

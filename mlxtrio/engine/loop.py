@@ -281,7 +281,8 @@ class EngineLoop:
             return 0
         rows = min(len(prefilling), self.settings.capacity)
         context = max(seq.context for seq in prefilling)
-        chunk = self.pacer.chunk(context, rows)
+        decoding = len(prefilling) < len(self.live)
+        chunk = self.pacer.chunk(context, rows, decoding)
         self._pace_context = context + chunk // 2
         return chunk
 
