@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint format bench model train eval clean
+.PHONY: run test lint format bench bench-side bench-smoke model train eval clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,17 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_overhead.py
+
+# mlx_lm.server and mlxtrio side by side (about an hour on 2 cores); results,
+# tables and plots in benchmarks/results/. bench-smoke: the same in a minute or
+# two with tiny sizes, to check the script still runs (figures meaningless).
+bench-side: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python benchmarks/side_by_side.py
+
+bench-smoke: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python benchmarks/side_by_side.py --smoke --models embedded --out build/bench-smoke
 
 # Rebuild the embedded model's tokenizer, config and random weights (seeded).
 model: $(STAMP)
