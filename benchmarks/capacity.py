@@ -17,29 +17,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from side_by_side import Streamed, machine, models, serving, stream  # noqa: E402
+from side_by_side import concurrent_streams, machine, models, serving  # noqa: E402
 
 
 def load(server, streams: int, tokens: int) -> tuple[float, float]:
-    runs = [Streamed() for _ in range(streams)]
-    threads = [
-        threading.Thread(
-            target=stream, args=(server, [{"role": "user", "content": f"Tale {i}"}], tokens, r)
-        )
-        for i, r in enumerate(runs)
-    ]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - started
+    runs, elapsed = concurrent_streams(server, streams, tokens, "Tale")
     ttft = statistics.median(r.deltas[0] - r.started for r in runs if r.deltas)
     return sum(r.tokens or len(r.deltas) for r in runs) / elapsed, ttft
 

@@ -354,11 +354,20 @@ def aggregate(server: Server, sizes: Sizes) -> dict[str, Any]:
 
 def _concurrent(server: Server, sizes: Sizes, n: int) -> float:
     """Generated tokens per wall-clock second of ``n`` streams at once."""
+    runs, elapsed = concurrent_streams(server, n, sizes.stream_tokens, f"Tale {n}")
+    return sum(r.tokens or len(r.deltas) for r in runs) / elapsed
+
+
+def concurrent_streams(
+    server: Server, n: int, max_tokens: int, tag: str
+) -> tuple[list[Streamed], float]:
+    """``n`` streams started at once (prompts ``{tag}-{i}``); each one's record
+    and the wall-clock seconds until the last ended."""
     runs = [Streamed() for _ in range(n)]
     threads = [
         threading.Thread(
             target=stream,
-            args=(server, [{"role": "user", "content": f"Tale {n}-{i}"}], sizes.stream_tokens, r),
+            args=(server, [{"role": "user", "content": f"{tag}-{i}"}], max_tokens, r),
         )
         for i, r in enumerate(runs)
     ]
@@ -367,7 +376,7 @@ def _concurrent(server: Server, sizes: Sizes, n: int) -> float:
         t.start()
     for t in threads:
         t.join()
-    return sum(r.tokens or len(r.deltas) for r in runs) / (time.perf_counter() - started)
+    return runs, time.perf_counter() - started
 
 
 def hangup_cpu(server: Server, sizes: Sizes, tokenizer: Any) -> dict[str, Any]:
@@ -407,7 +416,8 @@ def health(server: Server, sizes: Sizes) -> dict[str, Any]:
     time.sleep(0.5)
     latencies = []
     with httpx.Client(timeout=60) as client:
-        while any(t.is_alive() for t in threads) and len(latencies) < 200:
+        # at least a few samples, even when the load ends early (smoke sizes)
+        while len(latencies) < 5 or (any(t.is_alive() for t in threads) and len(latencies) < 200):
             started = time.perf_counter()
             client.get(server.url + "/health")
             latencies.append(time.perf_counter() - started)
