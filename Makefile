@@ -33,7 +33,7 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_overhead.py
 
-# mlx_lm.server and mlxtrio side by side (about an hour on 2 cores); results,
+# mlx_lm.server and mlxtrio side by side (about half an hour on 2 cores); results,
 # tables and plots in benchmarks/results/. bench-smoke: the same in a minute or
 # two with tiny sizes, to check the script still runs (figures meaningless).
 bench-side: $(STAMP)
