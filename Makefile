@@ -21,10 +21,13 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Style, types, and the architecture's import contracts (pyproject.toml
+# [tool.importlinter]: imports point inward, MLX only under engine/, no cycles).
 lint: $(STAMP)
 	$(BIN)/ruff check mlxtrio tests benchmarks tools
 	$(BIN)/ruff format --check mlxtrio tests benchmarks tools
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: $(STAMP)
 	$(BIN)/ruff format mlxtrio tests benchmarks tools

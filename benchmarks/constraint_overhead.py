@@ -37,7 +37,8 @@ import mlxtrio  # noqa: E402, F401  (before MLX: the server's BLAS)
 
 
 def decode_tps(model, tokenizer, prompt: list[int], batch: int, tokens: int, mode: str) -> float:
-    from mlxtrio.engine.constraints import CALL_SHAPES, OpeningConstraint, TokenTexts
+    from mlxtrio.engine.processors.openings import OpeningConstraint, TokenTexts
+    from mlxtrio.grammar.shapes import CALL_SHAPES
 
     vocab = TokenTexts.from_tokenizer(tokenizer)
     openings = CALL_SHAPES["json_tools"].openings(["get_weather", "run_command"])

@@ -97,7 +97,7 @@ def small_model() -> str:
 def decode_tps(
     model: Any, tokenizer: Any, grammars: Any, prompt: list[int], batch: int, tokens: int, mode: str
 ) -> float:
-    from mlxtrio.engine.grammar import GrammarProcessor
+    from mlxtrio.engine.processors.grammar_masks import GrammarProcessor
 
     seen: list[list[int]] = [[] for _ in range(batch)]
     processors = None

@@ -14,22 +14,13 @@ from typing import Any
 import sniffio
 from quart_trio import QuartTrio
 
-from .api import (
-    chat_completions,
-    health,
-    messages,
-    models,
-    responses,
-    responses_compact,
-    responses_socket,
-    responses_stored,
-)
-from .api.deps import open_call_scope
-from .engine.world import SOLO, World
+from .api import chat_completions, health, messages, models, responses
+from .engine.distributed.world import SOLO, World
 from .http import access_log, transport
 from .lifecycle import drain_with_hypercorn, exit_hypercorn
 from .logs import configure_logging
-from .services import Services
+from .serving.call import open_call_scope
+from .serving.services import Services
 from .settings import Settings
 
 log = logging.getLogger("mlxtrio")
@@ -46,9 +37,9 @@ class MlxtrioApp(QuartTrio):
     """QuartTrio with a per-request scope and a guard against the asyncio worker.
 
     Every HTTP request and WebSocket connection runs as one call
-    (:func:`~mlxtrio.api.deps.open_call_scope`): its streaming producers live in
-    the call's nursery, which is cancelled once the response is finished or the
-    client went away, and the callbacks registered with ``on_request_end`` run
+    (:func:`~mlxtrio.serving.call.open_call_scope`): its streaming producers live
+    in the call's nursery, which is cancelled once the response is finished or
+    the client went away, and the callbacks registered with ``on_call_end`` run
     then, whether or not a streaming body was ever started.
     """
 
@@ -74,7 +65,7 @@ class MlxtrioApp(QuartTrio):
                 record.status = message["status"]
             await send(message)
 
-        async with open_call_scope(record):
+        async with open_call_scope(self.extensions["mlxtrio"], record):
             await super().__call__(scope, receive, send_noting_status)  # type: ignore[arg-type]
 
 
@@ -129,10 +120,7 @@ def create_app(settings: Settings | None = None, world: World = SOLO) -> Mlxtrio
     for blueprint in (
         health.blueprint,
         models.blueprint,
-        responses_compact.blueprint,  # before /v1/responses/<response_id>
-        responses_socket.blueprint,
-        responses.blueprint,
-        responses_stored.blueprint,
+        *responses.BLUEPRINTS,
         messages.blueprint,
         chat_completions.blueprint,
     ):

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import trio
 
-from .engine.world import SOLO, World, join_world
+from .engine.distributed.world import SOLO, World, join_world
 from .http.security import is_loopback_name
 from .logs import configure_logging
 from .settings import Settings, SettingsError, parse_aliases
@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "models":
         configure_logging(settings.log_level)
-        from .services import _model_specs
+        from .serving.services import _model_specs
 
         for name, path in _model_specs(settings):
             print(f"{name}\t{path}")
@@ -169,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve_rank(settings: Settings) -> int:
     """Serve, as this process's rank: under ``mlx.launch`` rank 0 serves HTTP
-    and every other rank its shard of the model (:mod:`.engine.follower`)."""
+    and every other rank its shard of the model (:mod:`.engine.distributed.follower`)."""
     try:
         world = join_world()
     except RuntimeError as exc:  # the launcher's backend could not connect the ranks
@@ -185,7 +185,7 @@ def _serve_rank(settings: Settings) -> int:
     if world.leader:
         status = trio.run(serve, settings, world)
     else:
-        from .engine.follower import serve_follower
+        from .engine.distributed.follower import serve_follower
 
         status = serve_follower(world)
     _leave_world(status)

@@ -36,7 +36,7 @@ from typing import Any
 
 import trio
 
-from .engine.world import launched
+from .engine.distributed.world import launched
 
 log = logging.getLogger("mlxtrio")
 

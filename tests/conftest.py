@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import anthropic
 import httpx
+import openai
 import pytest
 import trio
 from hypercorn.config import Config
@@ -19,7 +21,7 @@ from hypercorn.trio import serve
 
 from mlxtrio.app import MlxtrioApp, create_app
 from mlxtrio.engine.engine import Engine, EngineState
-from mlxtrio.services import Services
+from mlxtrio.serving.services import Services
 from mlxtrio.settings import Settings
 
 MODEL = "mlxtrio-tiny"
@@ -43,6 +45,22 @@ class Server:
 
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, timeout=60, **kwargs)
+
+    def openai(self) -> openai.AsyncOpenAI:
+        """The official openai SDK (Responses, Chat Completions) on this server."""
+        return openai_client(self.url)
+
+    def anthropic(self) -> anthropic.AsyncAnthropic:
+        """The official anthropic SDK (Messages) on this server."""
+        return anthropic_client(self.url)
+
+
+def openai_client(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+def anthropic_client(url: str) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=url, api_key="unused", max_retries=0)
 
 
 async def start_server(nursery: trio.Nursery, **overrides: Any) -> Server:

@@ -1,4 +1,4 @@
-"""A real mlx-lm model whose greedy output is exactly known (DESIGN §9).
+"""A real mlx-lm model whose greedy output is exactly known (see the scripted-model section of ARCHITECTURE.md).
 
 Every attention and MLP output projection is zero, so the residual stream carries
 the current token's embedding unchanged: the network is a bigram table. Each script

@@ -18,6 +18,7 @@ import trio
 
 from . import schemas
 from .conftest import MODEL, SCRIPTED, RawConnection, Server, wait_until
+from .scripted_model import LOOP_TOKEN
 from .test_embedded_model import FORECAST, RUN
 
 WEATHER = {
@@ -33,10 +34,6 @@ WEATHER = {
 }
 
 
-def sdk(server: Server) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-
-
 def check(kind: str, instance: dict) -> None:
     problems = schemas.load().problems(schemas.OPENAI, kind, instance)
     assert not problems, [str(p) for p in problems]
@@ -48,7 +45,7 @@ async def post(server: Server, body: dict) -> httpx.Response:
 
 
 async def test_a_plain_turn(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         raw = await client.chat.completions.with_raw_response.create(
             model=SCRIPTED, messages=[{"role": "user", "content": "Hi!"}]
         )
@@ -84,7 +81,7 @@ async def test_system_and_developer_messages_and_text_parts(scripted: Server) ->
 
 
 async def test_a_tool_call_and_its_round_trip(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         first = await client.chat.completions.create(
             model=SCRIPTED, messages=[{"role": "user", "content": "Weather?"}], tools=[WEATHER]
         )
@@ -138,7 +135,7 @@ async def test_streaming_with_usage_validates_chunk_by_chunk(scripted: Server) -
 
 
 async def test_the_sdk_stream_accumulates_reasoning_and_calls(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         stream = await client.chat.completions.create(
             model=SCRIPTED,
             messages=[{"role": "user", "content": "Weather in Oslo?"}],
@@ -239,7 +236,7 @@ async def test_structured_output_follows_the_schema(scripted: Server) -> None:
         "required": ["answer"],
         "additionalProperties": False,
     }
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         completion = await client.chat.completions.create(
             model=SCRIPTED,
             messages=[{"role": "user", "content": "Hi"}],
@@ -314,7 +311,7 @@ async def test_bad_requests_get_the_openai_envelope(
 
 
 async def test_an_unknown_model_is_a_404(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         with pytest.raises(openai.NotFoundError):
             await client.chat.completions.create(
                 model="nope", messages=[{"role": "user", "content": "hi"}]
@@ -340,7 +337,7 @@ async def test_the_embedded_model_calls_an_offered_tool(server: Server) -> None:
         {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
         for t in (FORECAST, RUN)
     ]
-    async with sdk(server) as client:
+    async with server.openai() as client:
         completion = await client.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "What's the weather in Lisbon?"}],
@@ -354,13 +351,17 @@ async def test_the_embedded_model_calls_an_offered_tool(server: Server) -> None:
 
 
 async def test_streams_share_the_batch(scripted: Server) -> None:
-    """Several streams at once are decoded together and each gets its own text."""
+    """Several streams at once are decoded together (one engine step held all
+    of them) and each gets its own text."""
     texts: list[str] = []
 
     async def one() -> None:
-        async with sdk(scripted) as client:
+        async with scripted.openai() as client:
             stream = await client.chat.completions.create(
-                model=SCRIPTED, messages=[{"role": "user", "content": "Hi"}], stream=True
+                model=SCRIPTED,
+                messages=[{"role": "user", "content": "LOOP"}],
+                max_tokens=400,
+                stream=True,
             )
             texts.append(
                 "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
@@ -369,4 +370,5 @@ async def test_streams_share_the_batch(scripted: Server) -> None:
     async with trio.open_nursery() as nursery:
         for _ in range(3):
             nursery.start_soon(one)
-    assert texts == ["Hello world."] * 3
+    assert texts == [(LOOP_TOKEN * 400).strip()] * 3
+    assert scripted.engine.stats.max_batch_size == 3

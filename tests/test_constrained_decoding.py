@@ -249,7 +249,7 @@ def test_grammar_processor_follows_the_engine_s_view_of_tokens(embedded: Any) ->
     and the text between calls is free."""
     import mlx.core as mx
 
-    from mlxtrio.engine.grammar import GrammarProcessor
+    from mlxtrio.engine.processors.grammar_masks import GrammarProcessor
 
     tokenizer = embedded.tokenizer
     start, end = embedded.tool_call_token, embedded.tool_call_end_token

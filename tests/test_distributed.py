@@ -22,17 +22,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import anthropic
-import openai
 import pytest
 import trio
 
 from mlxtrio.engine.commands import Cancel, Share, Submit, decode, encode
 from mlxtrio.engine.handle import GenerationHandle
-from mlxtrio.engine.prefix_cache import Entry, Match
-from mlxtrio.engine.types import GrammarConstraint, SamplingParams, TextConstraint
+from mlxtrio.engine.types import Entry, GrammarConstraint, Match, SamplingParams, TextConstraint
 
-from .conftest import MODEL, SCRIPTED, free_port, start_server
+from .conftest import MODEL, SCRIPTED, anthropic_client, free_port, openai_client, start_server
 from .ranks import PYTHON, Ranks, launch_ranks, stop_all
 from .test_embedded_model import ANTHROPIC_TOOLS, FORECAST, RUN
 
@@ -42,18 +39,10 @@ FLOAT32 = ("--compute-dtype", "float32")
 PROC = Path("/proc/self/stat").exists()  # processes' CPU time (Linux)
 
 
-def oai(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-
-
-def claude(url: str) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=url, api_key="x", max_retries=0)
-
-
 async def _conversation(url: str) -> dict[str, Any]:
     """Greedy turns through both SDKs: what the model said, call by call."""
     said: dict[str, Any] = {}
-    async with oai(url) as client:
+    async with openai_client(url) as client:
         plain = await client.responses.create(
             model=MODEL, input="Hello there!", max_output_tokens=48, temperature=0
         )
@@ -87,7 +76,7 @@ async def _conversation(url: str) -> dict[str, Any]:
         async with trio.open_nursery() as nursery:  # decoded side by side, one batch
             for prompt in ("Hi!", "Run ls.", "Who are you?"):
                 nursery.start_soon(one, prompt)
-    async with claude(url) as client:
+    async with anthropic_client(url) as client:
         message = await client.messages.create(
             model="claude-sonnet-4-5",
             max_tokens=96,
@@ -155,7 +144,7 @@ async def test_a_hang_up_frees_the_slot_on_every_rank(
         with trio.fail_after(5):  # the cancelled prefix is kept on every rank alike
             while len({r["kv_snapshots"] for r in await _rank_states(ranks)}) != 1:
                 await trio.sleep(0.1)
-        async with oai(ranks.url) as client:
+        async with openai_client(ranks.url) as client:
             after = await client.responses.create(model=SCRIPTED, input="hi")
         assert after.output_text == "Hello world."
         if PROC:
@@ -285,7 +274,7 @@ async def test_mlx_launch_serves_and_shuts_down_the_world(
         ranks = Ranks(port, [proc], [log])
         health = await ranks.wait_ready()
         assert health["world"]["size"] == 2
-        async with oai(ranks.url) as client:
+        async with openai_client(ranks.url) as client:
             answer = await client.responses.create(model=SCRIPTED, input="hi")
         assert answer.output_text == "Hello world."
         os.kill(health["world"]["ranks"][0]["pid"], signal.SIGTERM)
@@ -376,7 +365,7 @@ def pipeline_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 async def _twice(url: str) -> list[tuple[str, int]]:
     """The same greedy turn twice (the second from the first's cached KV)."""
     said = []
-    async with oai(url) as client:
+    async with openai_client(url) as client:
         for _ in range(2):
             r = await client.responses.create(
                 model="q2", input="Hello there", max_output_tokens=24, temperature=0
@@ -419,7 +408,7 @@ class _ScriptedLink:
     """A Link whose sums are given (rank 0 of two): what the other rank said."""
 
     def __init__(self, other: list[int]) -> None:
-        from mlxtrio.engine.world import World
+        from mlxtrio.engine.distributed.world import World
 
         self.world = World(0, 2)
         self._other = other
@@ -436,8 +425,8 @@ def test_rank_0_ends_the_world_when_a_rank_is_out_of_step() -> None:
     batch parted from rank 0's (a failure only it met) is caught at once."""
     import queue
 
-    from mlxtrio.engine.doorbell import Doorbell
-    from mlxtrio.engine.lockstep import LeaderSchedule, RankDivergence
+    from mlxtrio.engine.distributed.doorbell import Doorbell
+    from mlxtrio.engine.distributed.lockstep import LeaderSchedule, RankDivergence
 
     def before() -> tuple[int, int, int]:
         return (1, 40, 2)

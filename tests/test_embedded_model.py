@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import json
 
-import anthropic
 import jsonschema
-import openai
 import pytest
 
 from .conftest import MODEL, Server
@@ -52,16 +50,8 @@ ANTHROPIC_TOOLS = [
 ]
 
 
-def oai(server: Server) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-
-
-def claude(server: Server) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=server.url, api_key="x", max_retries=0)
-
-
 async def test_plain_turn_answers_and_stops(server: Server) -> None:
-    async with oai(server) as client:
+    async with server.openai() as client:
         response = await client.responses.create(
             model=MODEL, input="Hello there!", max_output_tokens=256
         )
@@ -72,7 +62,7 @@ async def test_plain_turn_answers_and_stops(server: Server) -> None:
 
 @pytest.mark.parametrize("tools", [[FORECAST, RUN], [RUN, FORECAST]])
 async def test_tool_request_yields_a_call_to_the_offered_tool(server: Server, tools) -> None:
-    async with oai(server) as client:
+    async with server.openai() as client:
         response = await client.responses.create(
             model=MODEL,
             input="What's the weather in Lisbon?",
@@ -87,7 +77,7 @@ async def test_tool_request_yields_a_call_to_the_offered_tool(server: Server, to
 
 
 async def test_tool_round_trip_ends_in_a_text_answer(server: Server) -> None:
-    async with oai(server) as client:
+    async with server.openai() as client:
         first = await client.responses.create(
             model=MODEL,
             input="Run `git status` please.",
@@ -116,7 +106,7 @@ async def test_tool_round_trip_ends_in_a_text_answer(server: Server) -> None:
 
 
 async def test_reasoning_item_then_answer(server: Server) -> None:
-    async with oai(server) as client:
+    async with server.openai() as client:
         response = await client.responses.create(
             model=MODEL,
             input="What is the capital of France?",
@@ -130,7 +120,7 @@ async def test_reasoning_item_then_answer(server: Server) -> None:
 
 
 async def test_messages_tool_use_and_thinking(server: Server) -> None:
-    async with claude(server) as client:
+    async with server.anthropic() as client:
         async with client.messages.stream(
             model="claude-sonnet-4-5",
             max_tokens=256,
@@ -148,7 +138,7 @@ async def test_messages_tool_use_and_thinking(server: Server) -> None:
 
 
 async def test_messages_round_trip_answers_with_text(server: Server) -> None:
-    async with claude(server) as client:
+    async with server.anthropic() as client:
         reply = await client.messages.create(
             model="claude-sonnet-4-5",
             max_tokens=256,
@@ -183,7 +173,7 @@ async def test_messages_round_trip_answers_with_text(server: Server) -> None:
 
 
 async def test_required_tool_choice_forces_a_call_on_a_plain_request(server: Server) -> None:
-    async with oai(server) as client:
+    async with server.openai() as client:
         free, response = [
             await client.responses.create(
                 model=MODEL,
@@ -216,7 +206,7 @@ async def test_required_tool_choice_forces_a_call_on_a_plain_request(server: Ser
 async def test_required_tool_choice_after_thinking_names_an_allowed_tool(
     server: Server, choice: dict, question: str, allowed: set[str]
 ) -> None:
-    async with claude(server) as client:
+    async with server.anthropic() as client:
         reply = await client.messages.create(
             model="claude-sonnet-4-5",
             max_tokens=256,
@@ -264,7 +254,7 @@ async def test_agent_sized_messages_request_stops(server: Server) -> None:
     """A Claude Code-shaped turn: a ~15k-token system prompt of real text, its
     tools, a reminder block before the request, thinking on. Run 13 and earlier
     wrote to the cap on such prompts (the README's runs 13 and 14)."""
-    async with claude(server) as client:
+    async with server.anthropic() as client:
         final = await client.messages.create(
             model=MODEL,
             max_tokens=512,
@@ -280,7 +270,7 @@ async def test_agent_sized_messages_request_stops(server: Server) -> None:
 
 async def test_agent_sized_responses_request_stops(server: Server) -> None:
     """A Codex-shaped turn: long instructions, a developer message, tools."""
-    async with oai(server) as client:
+    async with server.openai() as client:
         response = await client.responses.create(
             model=MODEL,
             max_output_tokens=512,

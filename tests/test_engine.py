@@ -7,6 +7,7 @@ import threading
 import pytest
 import trio
 
+from mlxtrio.engine.config import EngineConfig
 from mlxtrio.engine.engine import Engine, EngineState
 from mlxtrio.engine.handle import EngineError
 from mlxtrio.engine.types import SamplingParams
@@ -15,7 +16,9 @@ from mlxtrio.settings import EMBEDDED_MODEL_PATH
 
 async def started_engine(path: str = str(EMBEDDED_MODEL_PATH), **kwargs) -> Engine:
     engine = Engine(
-        "t", path, capacity=kwargs.get("capacity", 4), prefill_chunk=64, default_max_tokens=32
+        "t",
+        path,
+        EngineConfig(capacity=kwargs.get("capacity", 4), prefill_chunk=64, default_max_tokens=32),
     )
     await engine.start()
     return engine
@@ -111,7 +114,9 @@ async def test_stop_cancels_in_flight_work_and_joins_the_thread(scripted_model_p
 
 
 async def test_load_failure_is_reported(tmp_path) -> None:
-    engine = Engine("broken", str(tmp_path), capacity=1, prefill_chunk=8, default_max_tokens=8)
+    engine = Engine(
+        "broken", str(tmp_path), EngineConfig(capacity=1, prefill_chunk=8, default_max_tokens=8)
+    )
     with pytest.raises(EngineError, match="failed to load"):
         await engine.start()
     assert engine.state is EngineState.FAILED

@@ -12,10 +12,11 @@ import pytest
 import trio
 from mlx_lm.generate import GenerationBatch
 
-from mlxtrio.engine import constraints, loop
-from mlxtrio.engine import engine as engine_module
+from mlxtrio.engine import loop, supervisor
+from mlxtrio.engine.config import EngineConfig
 from mlxtrio.engine.engine import Engine, EngineState
 from mlxtrio.engine.handle import EngineError, GenerationHandle
+from mlxtrio.engine.processors import openings
 from mlxtrio.engine.types import SamplingParams, TextConstraint
 
 from .conftest import SCRIPTED, Server, parse_sse, wait_until
@@ -92,7 +93,7 @@ async def test_a_failing_logits_processor_ends_only_its_sequence(
     def broken(self, context, logits):  # type: ignore[no-untyped-def]
         raise RuntimeError("processor bug")
 
-    monkeypatch.setattr(constraints.OpeningConstraint, "__call__", broken)
+    monkeypatch.setattr(openings.OpeningConstraint, "__call__", broken)
     engine = await started_engine(scripted_model_path)
     try:
         prompt = prompt_for(engine, "LOOP")
@@ -118,7 +119,9 @@ async def test_a_failing_logits_processor_ends_only_its_sequence(
 async def test_a_failing_step_fails_its_batch_and_the_engine_goes_on(
     scripted_model_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine = Engine("t", scripted_model_path, capacity=1, prefill_chunk=64, default_max_tokens=32)
+    engine = Engine(
+        "t", scripted_model_path, EngineConfig(capacity=1, prefill_chunk=64, default_max_tokens=32)
+    )
     await engine.start()
     try:
         prompt = prompt_for(engine, "LOOP")
@@ -171,7 +174,7 @@ async def test_a_dead_engine_thread_restarts_and_every_handle_terminates(
 
     monkeypatch.setattr(loop.EngineLoop, "_collect", dying_once)
     monkeypatch.setattr(Engine, "_on_thread_exit", exit_with_a_racing_submit)
-    monkeypatch.setattr(engine_module, "RESTART_BACKOFF", 1.0)  # /health can see it
+    monkeypatch.setattr(supervisor, "RESTART_BACKOFF", 1.0)  # /health can see it
     prompt = prompt_for(engine, "LOOP")
     handles = [engine.submit(prompt, SamplingParams(max_tokens=50)) for _ in range(5)]
     outcomes = [await outcome(h) for h in handles]
@@ -251,8 +254,8 @@ async def stream_both(server: Server) -> tuple[httpx.Response, httpx.Response]:
 async def test_a_producer_bug_ends_the_stream_with_its_terminal_event(
     scripted: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mlxtrio.api.messages_events import MessageAssembler
-    from mlxtrio.api.responses_events import ResponseAssembler
+    from mlxtrio.api.messages.events import MessageAssembler
+    from mlxtrio.api.responses.events import ResponseAssembler
 
     async def broken(self, *args):  # type: ignore[no-untyped-def]
         raise RuntimeError("assembler bug")
@@ -271,8 +274,8 @@ async def test_a_producer_bug_ends_the_stream_with_its_terminal_event(
 async def test_a_stream_whose_failure_path_fails_too_still_ends(
     scripted: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mlxtrio.api.messages_events import MessageAssembler
-    from mlxtrio.api.responses_events import ResponseAssembler
+    from mlxtrio.api.messages.events import MessageAssembler
+    from mlxtrio.api.responses.events import ResponseAssembler
 
     async def broken(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("assembler bug")

@@ -32,8 +32,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlxtrio.protocol.anthropic_requests import MessagesRequest
-from mlxtrio.protocol.responses_requests import ResponsesRequest
+from mlxtrio.api.messages.requests import MessagesRequest
+from mlxtrio.api.responses.requests import ResponsesRequest
 
 from .conftest import SCRIPTED, free_port
 

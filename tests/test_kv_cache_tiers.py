@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import pytest
 import trio
 
-from mlxtrio.engine.blocks import BLOCK_TOKENS
+from mlxtrio.engine.cache.blocks import BLOCK_TOKENS
+from mlxtrio.engine.config import EngineConfig
 from mlxtrio.engine.engine import Engine
 from mlxtrio.engine.types import SamplingParams
 from mlxtrio.settings import EMBEDDED_MODEL_PATH
@@ -21,17 +21,13 @@ from .conftest import SCRIPTED, RawConnection, Server, start_server, wait_until
 SHARED = "".join(f"Rule {i}: keep the build green and the diffs small. " for i in range(900))
 
 
-def claude(server: Server) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=server.url, api_key="x", max_retries=0)
-
-
 def tail(i: int) -> str:
     return " ".join(f"session {i} note {j}" for j in range(60))
 
 
 async def ask(server: Server, system: str, question: str) -> tuple[int, int, dict[str, str]]:
     """(prompt tokens, cached tokens, headers) of one non-streamed message."""
-    async with claude(server) as client:
+    async with server.anthropic() as client:
         raw = await client.messages.with_raw_response.create(
             model=SCRIPTED,
             max_tokens=8,
@@ -50,7 +46,7 @@ async def test_a_shared_system_prompt_is_held_once(server_factory, scripted_mode
     server = await server_factory(
         model=scripted_model_path, model_name=SCRIPTED, prefix_cache_disk_bytes=0
     )
-    index = server.engine.prefix_index
+    index = server.engine.cache.index
     sizes = []
     for i in range(6):
         prompt_tokens, _, _ = await ask(server, SHARED + tail(i), "hi")
@@ -74,7 +70,7 @@ async def test_blocks_count_the_memory_they_hold(server_factory, scripted_model_
         model=scripted_model_path, model_name=SCRIPTED, prefix_cache_disk_bytes=0
     )
     await ask(server, "warm up", "hi")
-    index = server.engine.prefix_index
+    index = server.engine.cache.index
     await wait_until(lambda: len(index) == 1, what="warm-up snapshot")
     before_memory, before_counted = mx.get_active_memory(), index.nbytes
     for i in range(4):
@@ -91,7 +87,7 @@ def on_disk(model: str, data_dir: Path) -> dict[str, Any]:
 
 
 async def _spilled(server: Server, blocks: int) -> None:
-    disk = server.engine.prefix_index.disk
+    disk = server.engine.cache.index.disk
     assert disk is not None
     await wait_until(lambda: len(disk) >= blocks, timeout=30, what="blocks written to disk")
 
@@ -121,14 +117,14 @@ async def test_damaged_block_files_are_never_served(scripted_model_path, tmp_pat
         server = await start_server(nursery, **settings)
         total, _, _ = await ask(server, SHARED, "question")
         await _spilled(server, total // BLOCK_TOKENS)
-        names = list(server.engine.prefix_index.disk._files)  # oldest (first block) first
+        names = list(server.engine.cache.index.disk._files)  # oldest (first block) first
         nursery.cancel_scope.cancel()
     flipped, data = damage(tmp_path, names[20], names[30])
     async with trio.open_nursery() as nursery:
         server = await start_server(nursery, **settings)
         _, cached, _ = await ask(server, SHARED, "question")
         assert cached == 20 * BLOCK_TOKENS  # everything before the damaged block
-        disk = server.engine.prefix_index.disk
+        disk = server.engine.cache.index.disk
         assert disk is not None and disk.corrupt == 1
         # The request prefilled the rest; the damaged block was written anew.
         await wait_until(lambda: names[20] in disk, what="rewritten")
@@ -138,7 +134,7 @@ async def test_damaged_block_files_are_never_served(scripted_model_path, tmp_pat
         server = await start_server(nursery, **settings)
         _, cached, _ = await ask(server, SHARED, "question")
         assert cached == 30 * BLOCK_TOKENS
-        disk = server.engine.prefix_index.disk
+        disk = server.engine.cache.index.disk
         assert disk is not None and disk.corrupt == 1
         nursery.cancel_scope.cancel()
 
@@ -245,13 +241,15 @@ async def test_disk_blocks_give_the_same_greedy_output_as_cold(tmp_path: Path) -
         engine = Engine(
             "tiny",
             str(EMBEDDED_MODEL_PATH),
-            capacity=2,
-            prefill_chunk=256,
-            default_max_tokens=32,
-            prefix_cache_bytes=cache_bytes,
-            prefix_cache_disk_bytes=cache_bytes,
-            cache_dir=tmp_path,
-            compute_dtype="model",
+            EngineConfig(
+                capacity=2,
+                prefill_chunk=256,
+                default_max_tokens=32,
+                prefix_cache_bytes=cache_bytes,
+                prefix_cache_disk_bytes=cache_bytes,
+                cache_dir=tmp_path,
+                compute_dtype="model",
+            ),
         )
         await engine.start()
         try:
@@ -271,9 +269,9 @@ async def test_disk_blocks_give_the_same_greedy_output_as_cold(tmp_path: Path) -
                         tokens.extend(event.token_ids)
             finally:
                 engine.release(match)
-            if cache_bytes and engine.prefix_index.disk is not None:
+            if cache_bytes and engine.cache.index.disk is not None:
                 need = len(prompt) // BLOCK_TOKENS
-                await wait_until(lambda: len(engine.prefix_index.disk) >= need, timeout=30)
+                await wait_until(lambda: len(engine.cache.index.disk) >= need, timeout=30)
             return tokens, h.stats.cached_tokens
         finally:
             await engine.stop(1)
@@ -308,7 +306,7 @@ async def test_untrimmable_caches_are_reused_from_turn_boundaries(
     assert warm.engine.loaded.generation_suffixes and not warm.engine.loaded.plain_kv
 
     async def turn(server: Server, messages: list[dict[str, str]]) -> tuple[Any, int]:
-        async with claude(server) as client:
+        async with server.anthropic() as client:
             raw = await client.messages.with_raw_response.create(
                 model="hybrid",
                 max_tokens=8,
@@ -322,7 +320,7 @@ async def test_untrimmable_caches_are_reused_from_turn_boundaries(
     reply, cached = await turn(warm, first)
     assert cached == 0
     prompt_tokens = reply.usage.input_tokens
-    index = warm.engine.prefix_index
+    index = warm.engine.cache.index
     await wait_until(lambda: len(index) == 3, what="system, boundary and end snapshots")
     boundary = sorted(len(e.tokens) for e in index._entries.values())[1]
     assert prompt_tokens - 16 <= boundary < prompt_tokens  # less the generation prompt
@@ -351,7 +349,7 @@ def test_a_whole_snapshot_is_trimmed_to_the_length_asked() -> None:
     import mlx.core as mx
     from mlx_lm.models.cache import RotatingKVCache
 
-    from mlxtrio.engine.kv_store import KVStore
+    from mlxtrio.engine.cache.kv_store import KVStore
 
     cache = RotatingKVCache(max_size=64)
     keys = mx.random.normal((1, 2, 40, 8))
@@ -367,7 +365,7 @@ def test_a_whole_snapshot_is_trimmed_to_the_length_asked() -> None:
 
 
 def test_block_directories_of_replaced_weights_are_removed(tmp_path: Path) -> None:
-    from mlxtrio.engine.disk_tier import open_tier
+    from mlxtrio.engine.cache.disk_tier import open_tier
 
     old, _ = open_tier(tmp_path, "a" * 32, "/models/m (float32)")
     other, _ = open_tier(tmp_path, "b" * 32, "/models/other (float32)")
@@ -379,8 +377,9 @@ def test_block_directories_of_replaced_weights_are_removed(tmp_path: Path) -> No
 def test_reads_ahead_are_bounded_across_concurrent_lookups() -> None:
     """Blocks read for requests that have not started are held beside the
     cache: a quarter of its budget at most, however many lookups read at once."""
-    from mlxtrio.engine.disk_index import DiskIndex
-    from mlxtrio.engine.prefix_cache import Match, PrefixIndex
+    from mlxtrio.engine.cache.disk_index import DiskIndex
+    from mlxtrio.engine.cache.prefix_index import PrefixIndex
+    from mlxtrio.engine.types import Match
 
     disk = DiskIndex(1 << 30, lambda names: None)
     names = [bytes([i]) * 16 for i in range(8)]
@@ -404,7 +403,7 @@ async def test_an_unusable_cache_directory_leaves_the_memory_cache(
     server = await server_factory(
         model=scripted_model_path, model_name=SCRIPTED, data_dir=str(blocked), database_url="none"
     )
-    assert server.engine.reuse.disk_dir is None
+    assert server.engine.cache.reuse.disk_dir is None
     _, first, _ = await ask(server, SHARED[:3000], "hi")
     _, second, _ = await ask(server, SHARED[:3000], "hi")
     assert first == 0 and second > 0

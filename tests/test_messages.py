@@ -22,10 +22,6 @@ WEATHER = {
 }
 
 
-def sdk(server: Server) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=server.url, api_key="unused", max_retries=0)
-
-
 def check_stream_grammar(events: list[tuple[str, dict]]) -> None:
     """The Anthropic event grammar, strictly."""
     names = [n for n, _ in events if n != "ping"]
@@ -65,7 +61,7 @@ async def post_stream(
 
 
 async def test_sdk_create_plain(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.anthropic() as client:
         message = await client.messages.create(
             model=SCRIPTED, max_tokens=64, messages=[{"role": "user", "content": "Hi"}]
         )
@@ -79,7 +75,7 @@ async def test_sdk_create_plain(scripted: Server) -> None:
 
 
 async def test_sdk_stream_thinking_then_text(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.anthropic() as client:
         async with client.messages.stream(
             model=SCRIPTED,
             max_tokens=64,
@@ -97,7 +93,7 @@ async def test_sdk_stream_thinking_then_text(scripted: Server) -> None:
 
 
 async def test_sdk_stream_tool_use(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.anthropic() as client:
         async with client.messages.stream(
             model=SCRIPTED,
             max_tokens=64,
@@ -113,7 +109,7 @@ async def test_sdk_stream_tool_use(scripted: Server) -> None:
 
 
 async def test_thinking_text_and_tool_use_in_one_turn(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.anthropic() as client:
         async with client.messages.stream(
             model=SCRIPTED,
             max_tokens=128,
@@ -154,7 +150,7 @@ async def test_two_tool_uses_and_event_grammar(scripted: Server) -> None:
 
 
 async def test_tool_round_trip(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.anthropic() as client:
         first = await client.messages.create(
             model=SCRIPTED,
             max_tokens=64,
@@ -190,7 +186,7 @@ async def test_message_start_carries_real_input_tokens_equal_to_count_tokens(
         "tools": [WEATHER],
         "messages": [{"role": "user", "content": "Weather?"}],
     }
-    async with sdk(scripted) as client:
+    async with scripted.anthropic() as client:
         counted = await client.messages.count_tokens(
             model=SCRIPTED, tools=[WEATHER], messages=body["messages"]
         )
@@ -214,7 +210,7 @@ async def test_message_start_carries_real_input_tokens_equal_to_count_tokens(
 
 
 async def test_count_tokens_reflects_thinking_and_system(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.anthropic() as client:
         plain = await client.messages.count_tokens(
             model=SCRIPTED, messages=[{"role": "user", "content": "x"}]
         )
@@ -237,7 +233,7 @@ async def test_stop_sequence_across_deltas_stops_generation(scripted: Server) ->
         "stop_sequences": [" la la"],
         "messages": [{"role": "user", "content": "LOOP"}],
     }
-    async with sdk(scripted) as client:
+    async with scripted.anthropic() as client:
         message = await client.messages.create(**body)
     assert message.stop_reason == "stop_sequence" and message.stop_sequence == " la la"
     assert message.content[0].text == "la"
@@ -251,7 +247,7 @@ async def test_stop_sequence_across_deltas_stops_generation(scripted: Server) ->
 
 
 async def test_thinking_budget_closes_reasoning(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.anthropic() as client:
         message = await client.messages.create(
             model=SCRIPTED,
             max_tokens=64,
@@ -264,7 +260,7 @@ async def test_thinking_budget_closes_reasoning(scripted: Server) -> None:
 
 
 async def test_max_tokens_stop_reason(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.anthropic() as client:
         message = await client.messages.create(
             model=SCRIPTED, max_tokens=2, messages=[{"role": "user", "content": "LOOP"}]
         )

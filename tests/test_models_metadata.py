@@ -26,18 +26,10 @@ CODEX_REQUIRED = {
 }
 
 
-def oai(server: Server) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-def claude(server: Server) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=server.url, api_key="unused", max_retries=0)
-
-
 async def test_openai_sdk_lists_and_retrieves_with_limits(server: Server) -> None:
     context = server.engine.loaded.context_length  # type: ignore[union-attr]
     assert context == 65536  # the embedded model's max_position_embeddings
-    client = oai(server)
+    client = server.openai()
     page = await client.models.list()
     [model] = page.data
     assert model.id == MODEL and model.object == "model" and model.owned_by == "mlxtrio"
@@ -52,7 +44,7 @@ async def test_openai_sdk_lists_and_retrieves_with_limits(server: Server) -> Non
 
 async def test_anthropic_sdk_lists_and_retrieves_with_limits(server: Server) -> None:
     context = server.engine.loaded.context_length  # type: ignore[union-attr]
-    client = claude(server)
+    client = server.anthropic()
     models = [m async for m in client.models.list()]
     assert [m.id for m in models] == [MODEL]
     model = models[0]
@@ -76,7 +68,7 @@ async def test_output_cap_follows_the_server_setting(server_factory: ServerFacto
 
 async def test_aliases_are_listed_and_resolved(server_factory: ServerFactory) -> None:
     server = await server_factory(aliases={"gpt-local": MODEL, "claude-*": MODEL})
-    client = oai(server)
+    client = server.openai()
     page = await client.models.list()
     assert [m.id for m in page.data] == [MODEL, "gpt-local"]  # patterns are not names
     alias = page.data[1].model_extra or {}
@@ -99,7 +91,7 @@ async def test_anthropic_paging(server_factory: ServerFactory) -> None:
     assert [m["id"] for m in back["data"]] == ["a-one"] and back["has_more"] is True
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
     # The SDK walks the pages by itself.
-    ids = [m.id async for m in claude(server).models.list(limit=1)]
+    ids = [m.id async for m in server.anthropic().models.list(limit=1)]
     assert ids == [MODEL, "a-one", "a-two"]
 
 

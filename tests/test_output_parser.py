@@ -11,7 +11,7 @@ import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from mlxtrio.engine.output import OutputParser, Segment
+from mlxtrio.chat.output import OutputParser, Segment
 from mlxtrio.settings import EMBEDDED_MODEL_PATH
 
 from .scripted_families import CALLS, FAMILIES, TEXT
@@ -104,7 +104,7 @@ def test_every_call_a_family_parser_returns_is_kept(tokenizer) -> None:
     segment; each becomes its own tool call, in order."""
     from mlx_lm.tool_parsers import mistral
 
-    from mlxtrio.engine.output import parse_tool_calls
+    from mlxtrio.chat.output import parse_tool_calls
 
     class Mistral:  # the embedded tokenizer, speaking mistral's call format
         tool_parser = staticmethod(mistral.parse_tool_call)

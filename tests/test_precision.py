@@ -96,6 +96,7 @@ async def test_a_quantised_model_is_served_in_float32(tmp_path) -> None:
     import mlx.core as mx
     from mlx_lm import convert
 
+    from mlxtrio.engine.config import EngineConfig
     from mlxtrio.engine.engine import Engine
     from mlxtrio.engine.types import SamplingParams
     from mlxtrio.settings import EMBEDDED_MODEL_PATH
@@ -105,10 +106,7 @@ async def test_a_quantised_model_is_served_in_float32(tmp_path) -> None:
     engine = Engine(
         "q4",
         str(path),
-        capacity=1,
-        prefill_chunk=64,
-        default_max_tokens=16,
-        compute_dtype="auto",
+        EngineConfig(capacity=1, prefill_chunk=64, default_max_tokens=16, compute_dtype="auto"),
     )
     await engine.start()
     try:
@@ -122,5 +120,5 @@ async def test_a_quantised_model_is_served_in_float32(tmp_path) -> None:
     finally:
         await engine.stop(1)
     on_cpu = mx.default_device().type == mx.DeviceType.cpu  # a Mac's GPU keeps bfloat16
-    assert engine.dtype == ("float32" if on_cpu else "bfloat16")
+    assert engine.loaded.dtype == ("float32" if on_cpu else "bfloat16")
     assert tokens

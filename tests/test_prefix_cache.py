@@ -3,12 +3,11 @@ isolation, exact reporting, and cached == cold greedy output."""
 
 from __future__ import annotations
 
-import anthropic
-import openai
 import pytest
 import trio
 import trio.lowlevel
 
+from mlxtrio.engine.config import EngineConfig
 from mlxtrio.engine.engine import Engine
 from mlxtrio.engine.types import SamplingParams
 from mlxtrio.settings import EMBEDDED_MODEL_PATH
@@ -18,21 +17,13 @@ from .conftest import SCRIPTED, Server, parse_sse, wait_until
 SLACK = 2  # tokens the template may re-render differently at a turn boundary
 
 
-def oai(server: Server) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-
-
-def claude(server: Server) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=server.url, api_key="x", max_retries=0)
-
-
 SYSTEM = "You are a coding agent. " * 40
 
 
 async def test_messages_stateless_resend_stays_warm(scripted: Server) -> None:
     messages: list[dict] = []
     previous_total = None
-    async with claude(scripted) as client:
+    async with scripted.anthropic() as client:
         for turn in range(5):
             messages.append({"role": "user", "content": f"Question number {turn}?"})
             reply = await client.messages.create(
@@ -53,7 +44,7 @@ async def _responses_turns(server: Server, mode: str) -> list[tuple[int, int, in
     rows = []
     history: list[dict] = []
     previous_id = None
-    async with oai(server) as client:
+    async with server.openai() as client:
         for turn in range(5):
             user = {"role": "user", "content": f"Question number {turn}?"}
             kwargs: dict = {"model": SCRIPTED, "instructions": SYSTEM}
@@ -96,7 +87,7 @@ async def test_responses_reuse_paths_stay_warm(scripted: Server) -> None:
 async def test_two_interleaved_conversations_both_stay_warm(scripted: Server) -> None:
     histories: dict[str, list[dict]] = {"a": [], "b": []}
     totals: dict[str, int] = {}
-    async with claude(scripted) as client:
+    async with scripted.anthropic() as client:
         for turn in range(3):
             for name in ("a", "b"):
                 history = histories[name]
@@ -127,7 +118,7 @@ async def test_eviction_under_a_tiny_byte_budget(server_factory, scripted_model_
         prefix_cache_bytes=200_000,
         prefix_cache_disk_bytes=0,  # no disk tier to find it again
     )
-    async with claude(server) as client:
+    async with server.anthropic() as client:
         for i in range(4):
             await client.messages.create(
                 model=SCRIPTED,
@@ -141,7 +132,7 @@ async def test_eviction_under_a_tiny_byte_budget(server_factory, scripted_model_
             system="Topic 0. " * 60,
             messages=[{"role": "user", "content": "hi"}],
         )
-    index = server.engine.prefix_index
+    index = server.engine.cache.index
     assert index.stats.evictions > 0
     assert index.nbytes <= 200_000
     assert first_again.usage.cache_read_input_tokens < 100  # its snapshot was evicted
@@ -230,7 +221,7 @@ async def test_cancelled_request_keeps_its_prefill(scripted: Server) -> None:
     await conn.read_until(b"output_text.delta")
     await conn.close()
     await wait_until(lambda: scripted.engine.stats.cancelled == 1, what="cancelled")
-    await wait_until(lambda: len(scripted.engine.prefix_index) > 0, what="snapshot indexed")
+    await wait_until(lambda: len(scripted.engine.cache.index) > 0, what="snapshot indexed")
     async with scripted.client() as client:
         r = await client.post(
             "/v1/responses", json={**body, "stream": False, "max_output_tokens": 4}
@@ -245,20 +236,24 @@ async def test_cached_and_cold_greedy_generations_are_identical(dtype: str) -> N
     warm = Engine(
         "warm",
         str(EMBEDDED_MODEL_PATH),
-        capacity=4,
-        prefill_chunk=32,
-        default_max_tokens=64,
-        prefix_cache_bytes=1 << 30,
-        compute_dtype=dtype,
+        EngineConfig(
+            capacity=4,
+            prefill_chunk=32,
+            default_max_tokens=64,
+            prefix_cache_bytes=1 << 30,
+            compute_dtype=dtype,
+        ),
     )
     cold = Engine(
         "cold",
         str(EMBEDDED_MODEL_PATH),
-        capacity=4,
-        prefill_chunk=32,
-        default_max_tokens=64,
-        prefix_cache_bytes=0,
-        compute_dtype=dtype,
+        EngineConfig(
+            capacity=4,
+            prefill_chunk=32,
+            default_max_tokens=64,
+            prefix_cache_bytes=0,
+            compute_dtype=dtype,
+        ),
     )
     await warm.start()
     await cold.start()
@@ -284,7 +279,7 @@ async def test_cached_and_cold_greedy_generations_are_identical(dtype: str) -> N
 
         first = tok.apply_chat_template(messages, add_generation_prompt=True)
         await run(warm, first)
-        await wait_until(lambda: len(warm.prefix_index) > 0, what="snapshot")
+        await wait_until(lambda: len(warm.cache.index) > 0, what="snapshot")
         second = tok.apply_chat_template(
             messages
             + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "second"}],
@@ -295,7 +290,11 @@ async def test_cached_and_cold_greedy_generations_are_identical(dtype: str) -> N
             cold_out, cold_cached = await run(cold, prompt)
             assert cached > 0 and cold_cached == 0
             assert warm_out == cold_out
-        assert warm.dtype == cold.dtype == ("float32" if dtype == "float32" else "bfloat16")
+        assert (
+            warm.loaded.dtype
+            == cold.loaded.dtype
+            == ("float32" if dtype == "float32" else "bfloat16")
+        )
     finally:
         await warm.stop(1)
         await cold.stop(1)
@@ -311,7 +310,7 @@ async def test_prefix_cache_can_be_disabled(server_factory, scripted_model_path)
                 "/v1/responses", json={"model": SCRIPTED, "instructions": SYSTEM, "input": "hi"}
             )
             assert r.headers["x-session-cache"] == "fresh"
-    assert len(server.engine.prefix_index) == 0
+    assert len(server.engine.cache.index) == 0
 
 
 async def test_pinned_match_survives_eviction_while_queued(
@@ -338,7 +337,7 @@ async def test_pinned_match_survives_eviction_while_queued(
                 "/v1/responses",
                 json={"model": SCRIPTED, "instructions": f"Other {i}. " * 200, "input": "hi"},
             )
-    assert engine.prefix_index.stats.evictions > 0
+    assert engine.cache.index.stats.evictions > 0
     tokens: list[int] = []
     async with engine.submit(prompt_tokens, SamplingParams(max_tokens=8), match=match) as handle:
         async for event in handle:

@@ -13,7 +13,7 @@ import trio
 
 from .conftest import SCRIPTED, Server, start_server
 from .test_responses_compact import compact
-from .test_responses_store import WEATHER, answer_weather, sdk
+from .test_responses_store import WEATHER, answer_weather
 from .test_store_faults import PG, PG_HOST, PG_PORT, pg_database  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.skipif(not PG, reason="no PostgreSQL on 127.0.0.1:5432")
@@ -37,7 +37,7 @@ async def test_two_replicas_share_chains_and_sealed_blobs(
 ) -> None:
     async with trio.open_nursery() as nursery:
         a, b = await _two_replicas(nursery, scripted_model_path, tmp_path, pg_database)
-        async with sdk(a) as on_a, sdk(b) as on_b:
+        async with a.openai() as on_a, b.openai() as on_b:
             first = await on_a.responses.create(
                 model=SCRIPTED, input="Weather?", tools=[WEATHER], instructions="Rules."
             )
@@ -65,7 +65,7 @@ async def test_replicas_share_retention_and_deletion(
     (a sweep on either removes it), and a deletion on one is seen by all."""
     async with trio.open_nursery() as nursery:
         a, b = await _two_replicas(nursery, scripted_model_path, tmp_path, pg_database)
-        async with sdk(a) as on_a, sdk(b) as on_b:
+        async with a.openai() as on_a, b.openai() as on_b:
             short = await on_a.responses.create(
                 model=SCRIPTED,
                 input="hi",

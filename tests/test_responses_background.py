@@ -11,10 +11,6 @@ import trio
 from .conftest import SCRIPTED, Server, parse_sse, wait_until
 
 
-def sdk(server: Server) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
 async def _poll(client: openai.AsyncOpenAI, response_id: str, until: set[str]) -> object:
     with trio.fail_after(30):
         while True:
@@ -25,7 +21,7 @@ async def _poll(client: openai.AsyncOpenAI, response_id: str, until: set[str]) -
 
 
 async def test_background_response_is_queued_then_polled_to_completion(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         created = await client.responses.create(model=SCRIPTED, input="Hi!", background=True)
         assert created.background is True
         assert created.status in ("queued", "in_progress")
@@ -56,7 +52,7 @@ async def test_background_stream_can_be_resumed_after_any_event(scripted: Server
 
 async def test_cancel_stops_a_running_background_response(scripted: Server) -> None:
     engine = scripted.engine
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         created = await client.responses.create(
             model=SCRIPTED, input="LOOP forever", background=True, max_output_tokens=4000
         )
@@ -80,7 +76,7 @@ async def test_background_client_leaving_does_not_stop_the_job(scripted: Server)
                 if line.startswith("data:") and '"response.created"' in line:
                     response_id = line.split('"id":"', 1)[1].split('"', 1)[0]
                     break
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         done = await _poll(client, response_id, {"completed"})
     assert done.output_text == "Hello world."  # type: ignore[attr-defined]
 
@@ -109,7 +105,7 @@ async def test_background_errors(scripted: Server) -> None:
 
 async def test_orphaned_background_response_reads_as_failed(scripted: Server) -> None:
     """A background record left queued by a server that stopped: never pending forever."""
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         created = await client.responses.create(model=SCRIPTED, input="Hi!", background=True)
         await _poll(client, created.id, {"completed"})
     store = scripted.services.store
@@ -127,7 +123,7 @@ async def test_an_unfinished_response_cannot_be_continued_and_delete_stops_the_j
     scripted: Server,
 ) -> None:
     engine = scripted.engine
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         running = await client.responses.create(
             model=SCRIPTED, input="LOOP forever", background=True, max_output_tokens=4000
         )
@@ -146,14 +142,14 @@ async def test_an_unfinished_response_cannot_be_continued_and_delete_stops_the_j
 async def test_a_failing_job_ends_failed_and_the_server_goes_on(
     scripted: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mlxtrio.api.responses_events import ResponseAssembler
+    from mlxtrio.api.responses.events import ResponseAssembler
 
     async def broken(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("assembler bug")
 
     monkeypatch.setattr(ResponseAssembler, "complete", broken)
     monkeypatch.setattr(ResponseAssembler, "mark_failed", broken)  # the failure path too
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         first = await client.responses.create(model=SCRIPTED, input="Hi!", background=True)
         failed = await _poll(client, first.id, {"failed", "completed", "incomplete"})
         assert failed.status == "failed"  # type: ignore[attr-defined]
@@ -167,7 +163,7 @@ async def test_a_job_waiting_for_a_slot_reads_queued(server_factory, scripted_mo
     """in_progress is announced when the job is admitted, not when it starts."""
     server = await server_factory(model=scripted_model_path, model_name=SCRIPTED, capacity=1)
     engine = server.engine
-    async with sdk(server) as client:
+    async with server.openai() as client:
         hog = await client.responses.create(
             model=SCRIPTED, input="LOOP forever", background=True, max_output_tokens=4000
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import openai
 import trio
 
 from .conftest import MODEL, SCRIPTED, Server, parse_sse
@@ -40,12 +39,8 @@ REQUIRED_RESPONSE_FIELDS = {
 }
 
 
-def sdk(server: Server) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
 async def test_sdk_create_returns_full_response_object(server: Server) -> None:
-    async with sdk(server) as client:
+    async with server.openai() as client:
         response = await client.responses.create(
             model=MODEL, input="Say hello.", max_output_tokens=8
         )
@@ -77,7 +72,7 @@ async def test_length_finish_is_incomplete(server: Server) -> None:
 
 
 async def test_sdk_stream_accumulates_events(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         async with client.responses.stream(
             model=SCRIPTED, input="Hi!", max_output_tokens=16
         ) as stream:

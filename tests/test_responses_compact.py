@@ -9,7 +9,7 @@ from typing import Any
 import openai
 import pytest
 
-from mlxtrio.chat.from_responses import SUMMARY_HEADING
+from mlxtrio.api.responses.convert import SUMMARY_HEADING
 
 from . import schemas
 from .conftest import SCRIPTED, Server
@@ -26,10 +26,6 @@ HISTORY: list[dict[str, Any]] = [
     {"role": "assistant", "content": "Hello world."},
     {"role": "user", "content": "Make it three days."},
 ]
-
-
-def sdk(server: Server) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
 
 
 def conforms(names: dict[str, str | None], body: Any) -> None:
@@ -65,7 +61,7 @@ async def test_input_tokens_are_exactly_what_generation_renders(scripted: Server
         {"input": "Weather in Paris?", "tools": [WEATHER], "tool_choice": "auto"},
         {"input": "Think.", "reasoning": {"effort": "high"}},
     ]
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         for request in requests:
             counted = await client.responses.input_tokens.count(model=SCRIPTED, **request)
             created = await client.responses.create(model=SCRIPTED, max_output_tokens=1, **request)
@@ -106,7 +102,7 @@ async def test_input_tokens_errors_are_creates(scripted: Server) -> None:
 
 
 async def test_compact_then_continue_with_the_compaction_item(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         raw = await compact(client, model=SCRIPTED, input=HISTORY, instructions="Be brief.")
     assert raw["id"].startswith("resp_") and raw["object"] == "response.compaction"
     *kept, item = raw["output"]
@@ -127,14 +123,14 @@ async def test_compact_then_continue_with_the_compaction_item(scripted: Server) 
     plain = [*kept, {"role": "user", "content": SUMMARY_HEADING + "Hello world."}, follow_up[-1]]
     counted = await _count(scripted, model=SCRIPTED, input=follow_up)
     assert counted == await _count(scripted, model=SCRIPTED, input=plain)
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         continued = await client.responses.create(model=SCRIPTED, input=follow_up)
     assert continued.output_text == "Hello world."
     assert continued.usage is not None and continued.usage.input_tokens == counted
 
 
 async def test_compact_a_stored_chain_and_compact_again(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         first = await client.responses.create(model=SCRIPTED, input="Plan a trip to Oslo.")
         compacted = await compact(
             client, model=SCRIPTED, previous_response_id=first.id, input="Make it three days."
@@ -154,7 +150,7 @@ async def test_compact_a_stored_chain_and_compact_again(scripted: Server) -> Non
 
 
 async def test_compact_errors(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         good = await compact(client, model=SCRIPTED, input="Hi!")
         reasoned = await client.responses.create(
             model=SCRIPTED,
@@ -190,7 +186,7 @@ async def test_compact_errors(scripted: Server) -> None:
 
 
 async def test_compact_needs_room_for_a_summary_and_a_summary(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         done = await compact(client, model=SCRIPTED, input="Hi!")
     async with scripted.client() as client:
         # Offered tools: the scripted model opens a tool call and writes no summary.

@@ -42,12 +42,8 @@ async def answer_weather(client: openai.AsyncOpenAI, first: Any) -> Any:
     )
 
 
-def sdk(server: Server) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-
-
 async def test_retrieve_input_items_and_delete(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         created = await client.responses.create(
             model=SCRIPTED, input="Hi!", instructions="Be nice."
         )
@@ -64,7 +60,7 @@ async def test_retrieve_input_items_and_delete(scripted: Server) -> None:
 
 
 async def test_store_false_is_honoured(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         created = await client.responses.create(model=SCRIPTED, input="Hi!", store=False)
         with pytest.raises(openai.NotFoundError):
             await client.responses.retrieve(created.id)
@@ -72,7 +68,7 @@ async def test_store_false_is_honoured(scripted: Server) -> None:
 
 
 async def test_function_tool_round_trip_via_previous_response_id(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         first = await client.responses.create(
             model=SCRIPTED, input="Weather in Paris?", tools=[WEATHER], instructions="Use tools."
         )
@@ -91,7 +87,7 @@ async def test_function_tool_round_trip_via_previous_response_id(scripted: Serve
 
 async def test_streamed_turn_is_stored_before_completed_is_sent(scripted: Server) -> None:
     """Continue the instant response.completed arrives: the chain must be there."""
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         async with client.responses.stream(
             model=SCRIPTED, input="Weather?", tools=[WEATHER]
         ) as stream:
@@ -120,7 +116,7 @@ def _out(call_id: str, text: str = "ok") -> dict:
 
 
 async def test_continuation_tool_order_matrix(scripted: Server) -> None:
-    async with sdk(scripted) as client:
+    async with scripted.openai() as client:
         prev, a, b = await _two_calls(client)
         cases = [
             ([_out(a)], "Missing function_call_output items for outstanding tool calls: " + b),
@@ -272,14 +268,14 @@ async def test_chain_survives_a_restart(scripted_model_path, tmp_path: Path) -> 
     settings = {"model": scripted_model_path, "model_name": SCRIPTED, "data_dir": str(tmp_path)}
     async with trio.open_nursery() as nursery:
         server = await start_server(nursery, **settings)
-        async with sdk(server) as client:
+        async with server.openai() as client:
             first = await client.responses.create(
                 model=SCRIPTED, input="Weather?", tools=[WEATHER], instructions="Rules."
             )
         nursery.cancel_scope.cancel()
     async with trio.open_nursery() as nursery:
         server = await start_server(nursery, **settings)
-        async with sdk(server) as client:
+        async with server.openai() as client:
             second = await answer_weather(client, first)
         nursery.cancel_scope.cancel()
     assert second.output_text == "It is sunny."
@@ -362,7 +358,7 @@ async def test_store_fault_still_delivers_output(
     locker = sqlite3.connect(tmp_path / "responses.db", timeout=1, isolation_level=None)
     locker.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
     try:
-        async with sdk(server) as client:
+        async with server.openai() as client:
             with trio.fail_after(20):
                 async with client.responses.stream(
                     model=SCRIPTED, input="Weather?", tools=[WEATHER]
@@ -408,7 +404,7 @@ async def test_store_suite_on_postgresql(server_factory, scripted_model_path) ->
     assert server.services.store is not None and server.services.store.url.startswith(
         "postgresql+psycopg"
     )
-    async with sdk(server) as client:
+    async with server.openai() as client:
         first = await client.responses.create(
             model=SCRIPTED, input="Weather?", tools=[WEATHER], metadata={"run": uuid.uuid4().hex}
         )

@@ -17,9 +17,10 @@ from typing import Any
 import httpx
 import trio
 
+from mlxtrio.engine.cache.prefix_index import PrefixIndex
+from mlxtrio.engine.cache.radix import RadixTree
 from mlxtrio.engine.pacing import PrefillPacer
-from mlxtrio.engine.prefix_cache import Entry, PrefixIndex
-from mlxtrio.engine.radix import RadixTree
+from mlxtrio.engine.types import Entry
 
 from .conftest import SCRIPTED
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from mlxtrio.engine.constraints import OpeningConstraint, ReasoningBudget, TokenTexts
+from mlxtrio.engine.processors.openings import OpeningConstraint, TokenTexts
+from mlxtrio.engine.processors.reasoning import ReasoningBudget
 
 VOCAB = 24
 
@@ -135,16 +136,16 @@ def test_reasoning_budget_then_forced_call_compose() -> None:
 
 def test_free_running_steps_do_not_wait_on_the_device(monkeypatch, host_view) -> None:
     """With the host view, only the steps that steer a call read the pending token."""
-    from mlxtrio.engine import constraints
+    from mlxtrio.engine.processors import steps
 
     reads: list[int] = []
-    real = constraints._Steps.read
+    real = steps.Steps.read
 
     def counting(self, context, pending):
         reads.append(pending)
         return real(self, context, pending)
 
-    monkeypatch.setattr(constraints._Steps, "read", counting)
+    monkeypatch.setattr(steps.Steps, "read", counting)
     guard = forced(("x!",), OPEN, repeat=True)
     assert drive(guard, [1, 2, 1, 2, OPEN, Y, 1, 2]) == [1, 2, 1, 2, OPEN, X, BANG, 2]
     budget = ReasoningBudget(3, think_end_id=3, seen=SEEN)

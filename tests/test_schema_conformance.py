@@ -173,16 +173,18 @@ async def stream_events(
 
 def test_every_event_the_server_emits_has_a_schema_in_both_documents() -> None:
     """The event names in the server's source (the Responses routes, their
-    assembler, the SSE layer's last resort), each mapped to a schema in both
+    assembler and its last resort), each mapped to a schema in both
     documents - or recorded as not defined there - and each mapped schema
     exists with that ``type``."""
     schemas = load()
     root = Path(__file__).parent.parent / "mlxtrio"
     # every name in the assembler is an event; elsewhere, the "type" of a dict
     emitted = set(
-        re.findall(r'"(response\.[a-z_.]+)"', (root / "api" / "responses_events.py").read_text())
+        re.findall(
+            r'"(response\.[a-z_.]+)"', (root / "api" / "responses" / "events.py").read_text()
+        )
     )
-    for file in [*sorted((root / "api").glob("responses*.py")), root / "http" / "sse.py"]:
+    for file in sorted((root / "api" / "responses").glob("*.py")):
         emitted |= set(re.findall(r'"type": *"(response\.[a-z_.]+|error)"', file.read_text()))
     assert len(emitted) > 10, emitted
     for document in DOCUMENTS:
@@ -372,7 +374,7 @@ EVERY_INPUT_ITEM: list[dict[str, Any]] = [
 def test_input_item_resources_validate() -> None:
     """What the input_items endpoint lists is built by
     ``input_item_resources`` (its listed form of each item the client sent)."""
-    from mlxtrio.protocol.openai_responses import input_item_resources
+    from mlxtrio.api.responses.objects import input_item_resources
 
     schemas = load()
     listed = input_item_resources(EVERY_INPUT_ITEM)
@@ -535,7 +537,7 @@ async def last_resort_events(
 ) -> list[tuple[str, dict[str, Any]]]:
     """A bug in the failure path itself: the SSE layer ends the stream with an
     ``error`` event (its last resort)."""
-    from mlxtrio.api.responses_events import ResponseAssembler
+    from mlxtrio.api.responses.events import ResponseAssembler
 
     async def broken(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("assembler bug")

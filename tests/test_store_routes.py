@@ -115,7 +115,7 @@ async def test_a_turn_whose_client_left_before_completed_is_not_kept(
     hangs up in between never saw it complete, so it must not stay stored (it
     used to: 34/34 in a soak). The terminal event is held until the client has
     gone, to make that window certain."""
-    from mlxtrio.api.responses_events import ResponseAssembler
+    from mlxtrio.api.responses.events import ResponseAssembler
 
     store = scripted.services.store
     assert store is not None
@@ -153,7 +153,7 @@ async def test_a_store_down_at_start_up_is_retried_in_the_background(
     proxy: FaultyProxy,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from mlxtrio import services as services_module
+    from mlxtrio.serving import services as services_module
 
     monkeypatch.setattr(services_module, "STORE_RETRY", 0.2)
     proxy.stop()  # PostgreSQL is down when the server starts

@@ -12,7 +12,6 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import anthropic
@@ -21,7 +20,6 @@ import openai
 import pytest
 import trio
 
-from mlxtrio.api.generation import output_constraints
 from mlxtrio.chat.conversation import (
     Conversation,
     Message,
@@ -29,19 +27,13 @@ from mlxtrio.chat.conversation import (
     ToolRequirement,
     ToolSpec,
 )
-from mlxtrio.chat.prompt import RenderedPrompt
-from mlxtrio.engine.constraints import (
-    CALL_SHAPES,
-    OpeningConstraint,
-    TokenTexts,
-    call_shape,
-    forbid,
-)
 from mlxtrio.engine.model import LoadedModel, load_model
+from mlxtrio.engine.processors.openings import OpeningConstraint, TokenTexts
 from mlxtrio.engine.types import GrammarConstraint, TextConstraint
 from mlxtrio.grammar.build import CALL_GRAMMARS
 from mlxtrio.grammar.compiler import GrammarCompiler
-from mlxtrio.http.errors import ApiError
+from mlxtrio.grammar.planning import ConstraintError, OutputFacts, forbid, plan_output
+from mlxtrio.grammar.shapes import CALL_SHAPES, call_shape
 
 from .conftest import SCRIPTED, Server, ServerFactory
 from .scripted_families import CALLS, FAMILIES, TEXT
@@ -243,22 +235,15 @@ def constraints_for(
     """The server's tool-call constraints for a model loaded here (``grammars``
     False: as for a tokenizer the grammar engine cannot read)."""
     grammar_tokenizer = loaded.grammar_tokenizer if grammars else None
-    engine = SimpleNamespace(
-        name=SCRIPTED,
-        tokenizer=loaded.tokenizer,
-        tool_call_token=loaded.tool_call_token,
-        tool_call_end_token=loaded.tool_call_end_token,
-        tool_call_mask_token=loaded.tool_call_mask_token,
-        grammars=GrammarCompiler(grammar_tokenizer) if grammar_tokenizer is not None else None,
-    )
+    compiler = GrammarCompiler(grammar_tokenizer) if grammar_tokenizer is not None else None
+    facts = OutputFacts.of(SCRIPTED, loaded, compiler)
     conversation = Conversation(
         [Message("user", "hi")],
         [ToolSpec(name, "", p) for name, p in PARAMETERS.items()] if tools else [],
         required_tool=ToolRequirement(required) if required else None,
         output_format=output,
     )
-    prompt = RenderedPrompt([], False)
-    return trio.run(output_constraints, engine, conversation, prompt)
+    return trio.run(plan_output, facts, conversation, False).constraints
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -316,7 +301,7 @@ def test_without_the_grammar_engine_calls_keep_their_openings(
     assert required.openings == (
         "<tool_call>" + CALL_SHAPES["json_tools"].openings(["get_weather"])[0],
     )
-    with pytest.raises(ApiError, match="cannot be constrained") as refused:
+    with pytest.raises(ConstraintError, match="cannot be constrained") as refused:
         constraints_for(loaded, False, grammars=False, output=OutputFormat({"type": "object"}))
     assert refused.value.param == "text.format"
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from mlxtrio.api.messages.convert import to_conversation
+from mlxtrio.api.messages.requests import CountTokensRequest, MessagesRequest
+from mlxtrio.api.responses.convert import map_items, offered_tools
+from mlxtrio.api.responses.requests import ResponsesRequest
 from mlxtrio.api.validation import parse
-from mlxtrio.chat.from_anthropic import to_conversation
-from mlxtrio.chat.from_responses import map_items, offered_tools
 from mlxtrio.http.errors import ApiError
-from mlxtrio.protocol.anthropic_requests import CountTokensRequest, MessagesRequest
-from mlxtrio.protocol.responses_requests import ResponsesRequest
 
 from . import agent_fixtures
 from .conftest import SCRIPTED, Server

@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import tinychat_data as data  # noqa: E402
 from foreign_text import ForeignText, add_foreign_context  # noqa: E402
 
+from mlxtrio.chat.output import OutputParser  # noqa: E402
 from mlxtrio.chat.prompt import ends_in_open_think  # noqa: E402
-from mlxtrio.engine.output import OutputParser  # noqa: E402
 from mlxtrio.settings import EMBEDDED_MODEL_PATH  # noqa: E402
 
 
@@ -71,45 +71,37 @@ def generate_all(
 
 def served_constraints(loaded, sample: data.Sample, starts_in_reasoning: bool) -> list:
     """The logits processors the server puts on this prompt's generation: the
-    same constraints (``mlxtrio.api.generation.output_constraints``: each call
-    held to an offered tool and its schema) through the engine's own processors."""
+    same constraints (``mlxtrio.grammar.planning.plan_output``: each call held
+    to an offered tool and its schema) through the engine's own processors."""
     import trio
 
-    from mlxtrio.api.generation import output_constraints
     from mlxtrio.chat.conversation import Conversation, Message, ToolSpec
-    from mlxtrio.chat.prompt import RenderedPrompt
-    from mlxtrio.engine.loop import constraint_processor
+    from mlxtrio.engine.processors.assembly import ProcessorFactory
+    from mlxtrio.grammar.planning import plan_output
 
-    engine = _served_engine(loaded)
     tools = [
         ToolSpec(t["function"]["name"], "", t["function"].get("parameters") or {})
         for t in sample.tools or []
     ]
     conversation = Conversation([Message("user", "")], tools, sample.thinking)
-    prompt = RenderedPrompt([], starts_in_reasoning)
-    constraints = trio.run(output_constraints, engine, conversation, prompt)
-    return [constraint_processor(c, loaded) for c in constraints]
+    plan = trio.run(plan_output, _output_facts(loaded), conversation, starts_in_reasoning)
+    factory = ProcessorFactory(loaded.tokenizer, loaded.token_texts)
+    return [factory.constraint(c) for c in plan.constraints]
 
 
-_ENGINES: dict[int, object] = {}
+_FACTS: dict[int, object] = {}
 
 
-def _served_engine(loaded):
-    """What ``output_constraints`` reads of an engine, for a model loaded here."""
-    from types import SimpleNamespace
-
+def _output_facts(loaded):
+    """What constraint planning reads of a model loaded here (one grammar
+    compiler per model, as the server keeps)."""
     from mlxtrio.grammar.compiler import GrammarCompiler
+    from mlxtrio.grammar.planning import OutputFacts
 
-    if id(loaded) not in _ENGINES:
-        _ENGINES[id(loaded)] = SimpleNamespace(
-            name="eval",
-            tokenizer=loaded.tokenizer,
-            tool_call_token=loaded.tool_call_token,
-            tool_call_end_token=loaded.tool_call_end_token,
-            tool_call_mask_token=loaded.tool_call_mask_token,
-            grammars=GrammarCompiler(loaded.grammar_tokenizer),
-        )
-    return _ENGINES[id(loaded)]
+    if id(loaded) not in _FACTS:
+        compiler = GrammarCompiler(loaded.grammar_tokenizer)
+        _FACTS[id(loaded)] = OutputFacts.of("eval", loaded, compiler)
+    return _FACTS[id(loaded)]
 
 
 def _matches_schema(call, tools) -> bool:

@@ -8,7 +8,7 @@ from quart import Blueprint, Response, jsonify
 
 from ..engine.engine import EngineState
 from ..metrics import CONTENT_TYPE
-from .deps import services
+from ..serving.call import services
 
 blueprint = Blueprint("health", __name__)
 
@@ -20,13 +20,14 @@ async def health() -> Response:
     models = []
     for engine in svc.registry:
         lane = svc.lanes[engine.name]
+        loaded = engine.loaded
         models.append(
             {
                 "id": engine.name,
                 "state": engine.state.value,
                 "error": engine.error,
-                "load_seconds": engine.load_seconds,
-                "dtype": engine.dtype,
+                "load_seconds": loaded.load_seconds if loaded else None,
+                "dtype": loaded.dtype if loaded else None,
                 "active_sequences": engine.active_sequences,
                 "queued_requests": lane.waiting,
                 "capacity": lane.capacity,

@@ -32,7 +32,7 @@ from quart import Blueprint, Response, current_app, jsonify, request
 from ..engine.engine import Engine
 from ..engine.registry import UnknownModel
 from ..http.errors import invalid_request, not_found
-from .deps import services
+from ..serving.call import services
 
 blueprint = Blueprint("models", __name__)
 

@@ -18,7 +18,7 @@ from pydantic_core import ErrorDetails
 
 from ..chat.errors import ConversationError
 from ..http.errors import ApiError, invalid_request
-from ..protocol.fields import EXPECTED, INVALID, is_variant, variant_key, variant_values
+from .fields import EXPECTED, INVALID, is_variant, variant_key, variant_values
 
 Model = TypeVar("Model", bound=BaseModel)
 

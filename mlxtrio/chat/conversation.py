@@ -1,4 +1,4 @@
-"""The internal conversation model both APIs map into.
+"""The internal conversation model every API maps into.
 
 A :class:`Conversation` is what the chat template renders: a list of messages
 (system, user, assistant with optional reasoning and tool calls, tool results)
@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
+
+# What a model that reads text only sees of an image.
+IMAGE_PLACEHOLDER = "[image omitted: this model reads text only]"
 
 
 @dataclass
@@ -132,3 +135,6 @@ class Conversation:
     thinking: bool = False
     required_tool: ToolRequirement | None = None
     output_format: OutputFormat | None = None
+    # False: the tools are shown (the prompt stays the one earlier turns were
+    # rendered with, for the prefix cache) but the model may not call them.
+    calls_allowed: bool = True

@@ -1,4 +1,4 @@
-"""Tool-order validation, shared by both APIs.
+"""Tool-order validation, shared by every API.
 
 A history is valid when every assistant turn with tool calls (a *fan-out*) is
 followed immediately by one tool result per declared call, and no tool result
@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .conversation import Message
+from .errors import ConversationError
 
 
 @dataclass(frozen=True)
@@ -20,19 +21,29 @@ class Vocabulary:
     result: str  # "tool_result" / "function_call_output"
     id: str  # "tool_use_id" / "call_id"
     fanout: str  # "assistant turn with tool_use blocks" / "assistant fan-out"
+    param: str | None = None  # the request field the history is in, for errors
 
 
 ANTHROPIC = Vocabulary("tool_result", "tool_use_id", "assistant turn with tool_use blocks")
-OPENAI = Vocabulary("function_call_output", "call_id", "assistant fan-out")
-CHAT = Vocabulary("tool message", "tool_call_id", "assistant message with tool_calls")
+OPENAI = Vocabulary("function_call_output", "call_id", "assistant fan-out", "input")
+CHAT = Vocabulary("tool message", "tool_call_id", "assistant message with tool_calls", "messages")
 
 
-class ToolOrderError(ValueError):
-    pass
+class ToolOrderError(ConversationError):
+    """The history's tool calls and results do not pair up."""
 
 
 def validate_tool_order(messages: list[Message], vocab: Vocabulary) -> None:
-    """Check and canonicalise ``messages`` in place; raise :class:`ToolOrderError`."""
+    """Check and canonicalise ``messages`` in place; raise :class:`ToolOrderError`
+    (its ``param`` the vocabulary's)."""
+    try:
+        _canonicalise(messages, vocab)
+    except ToolOrderError as exc:
+        exc.param = vocab.param
+        raise
+
+
+def _canonicalise(messages: list[Message], vocab: Vocabulary) -> None:
     i = 0
     while i < len(messages):
         message = messages[i]

@@ -1,20 +1,19 @@
 """Run one assistant turn: wait for admission, generate, parse the output.
 
-Shared by both APIs. The caller renders its wire events from the segments this
-emits; this module knows nothing about HTTP.
+Shared by every API. The caller renders its wire events from the segments this
+emits; this module knows nothing about HTTP or admission.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..admission import Ticket
 from ..engine.engine import Engine
-from ..engine.output import OutputParser, ParsedToolCall, Segment
-from ..engine.prefix_cache import Match
-from ..engine.types import GenerationStats, SamplingParams
+from ..engine.types import GenerationStats, Match, SamplingParams
+from .output import OutputParser, ParsedToolCall, Segment
 from .prompt import RenderedPrompt
 from .stops import StopScanner
 
@@ -34,7 +33,7 @@ class TurnResult:
 
 async def run_turn(
     engine: Engine,
-    ticket: Ticket,
+    slot: AbstractAsyncContextManager[object],
     prompt: RenderedPrompt,
     sampling: SamplingParams,
     on_segment: OnSegment,
@@ -46,8 +45,9 @@ async def run_turn(
 ) -> TurnResult:
     """Generate one turn, calling ``on_segment`` for each parsed segment in order.
 
-    Waits for an admission slot first (a checkpoint: cancelling the caller while
-    queued leaves the queue with no engine work), then calls ``on_admitted``. Any exit - including
+    Enters ``slot`` first (the admission slot: a checkpoint, so cancelling the
+    caller while queued leaves the queue with no engine work), then calls
+    ``on_admitted``. Any exit - including
     cancellation by a client disconnect - cancels the sequence in the engine.
     Raises :class:`~mlxtrio.engine.handle.EngineError` if the engine fails.
 
@@ -73,7 +73,7 @@ async def run_turn(
                 result.tool_calls.append(segment.tool_call)
             await on_segment(segment)
 
-    async with ticket:
+    async with slot:
         if on_admitted is not None:
             await on_admitted()
         async with engine.submit(

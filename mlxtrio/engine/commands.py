@@ -6,7 +6,7 @@ them at the safepoint between two steps. A command is *frozen* as the engine
 takes it off the queue: anything it reads of Trio-side state (whether a
 submitted handle was cancelled before it could start) is read once, then, so
 that every rank of a distributed model applies the very same decision (see
-:mod:`.lockstep`).
+:mod:`.distributed.lockstep`).
 
 The wire form is JSON: every field is plain data (token ids, sampling
 parameters, a grammar's source text, prefix-cache entry ids), so a rank never
@@ -21,8 +21,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from .handle import GenerationHandle
-from .prefix_cache import Entry, Match
-from .types import GrammarConstraint, SamplingParams, TextConstraint
+from .types import Entry, GrammarConstraint, Match, SamplingParams, TextConstraint
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ class Cancel:
 @dataclass(frozen=True)
 class Share:
     """Another request waits for ``handle``'s KV: snapshot it once it holds
-    ``at`` tokens (see :mod:`.reuse`)."""
+    ``at`` tokens (see :mod:`.cache.reuse`)."""
 
     handle: GenerationHandle
     at: int

@@ -4,8 +4,9 @@ Threading contract
 ------------------
 * The engine thread owns every MLX object: weights, KV caches and mlx-lm's
   ``BatchGenerator`` (see :mod:`.loop`). Nothing else touches them.
-* The Trio side talks to it through a command queue (``submit``, ``cancel``,
-  ``drop``, ``shutdown``); putting a command never blocks.
+* The Trio side talks to it through a command queue (:mod:`.commands`:
+  submit, cancel, share, drop, forget-disk, shutdown); putting a command
+  never blocks.
 * The engine talks back with one ``TrioToken.run_sync_soon`` per engine step,
   carrying every event that step produced (and one per prefix-cache snapshot
   taken or match released).
@@ -20,105 +21,70 @@ Every handle :meth:`Engine.submit` returns gets exactly one terminal event
 (finished, cancelled or an error), however the engine fares: the Trio side keeps
 every handle until its terminal event arrives, and when an engine thread dies it
 ends all of them itself - including those submitted an instant before the death,
-whose command the thread never read. The thread is then restarted on the weights
-already loaded (``/health`` says ``restarting``); a crash loop gives up after
-:data:`MAX_RESTARTS` deaths within :data:`RESTART_WINDOW` seconds.
+whose command the thread never read. What happens next is the
+:mod:`.supervisor`'s to decide: the thread is restarted on the weights already
+loaded (``/health`` says ``restarting``), or a crash loop gives up.
 
 Across ranks
 ------------
 In a distributed ``world`` (``mlx.launch``) this engine is rank 0's: its thread
-opens the model on every rank (:mod:`.ranks`) and holds a lock-step round with
-the other ranks at every safepoint (:mod:`.lockstep`). A world cannot restart
-one rank's thread, so a thread that dies, or a round that no rank answers
-within ``rank_timeout`` seconds, fails the engine for good:
-:meth:`watch_ranks` returns, and the server shuts down.
+opens the model on every rank (:mod:`.distributed.ranks`) and holds a lock-step
+round with the other ranks at every safepoint (:mod:`.distributed.lockstep`).
+A world cannot restart one rank's thread, so a thread that dies, or a round
+that no rank answers within ``rank_timeout`` seconds, fails the engine for
+good: :meth:`watch_ranks` returns, and the server shuts down.
 """
 
 from __future__ import annotations
 
-import enum
 import itertools
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
-from pathlib import Path
 from typing import Any
 
 import trio
 
-from ..grammar.compiler import GrammarCompiler
-from .commands import Cancel, Command, Drop, ForgetDisk, Share, Shutdown, Submit
-from .disk_index import DiskIndex
-from .handle import EngineError, EngineUnavailable, GenerationHandle
-from .lockstep import LeaderSchedule, LocalSchedule, RankState, Schedule
-from .loop import Delivery, EngineLoop, LoopSettings
+from .cache.prefix_cache import PrefixCache
+from .commands import Cancel, Command, Shutdown, Submit
+from .config import EngineConfig
+from .distributed.lockstep import LeaderSchedule, RankState
+from .distributed.ranks import RankPlan, open_ranks, resolved_capacity
+from .distributed.world import SOLO, Link, World
+from .handle import EngineError, EngineUnavailable, GenerationHandle, LiveHandles
+from .loop import EngineLoop, HandleEvent, LoopSettings
 from .model import LoadedModel, load_model
-from .prefix_cache import Entry, Match, PrefixIndex
-from .ranks import RankPlan, new_seed, open_ranks, resolved_capacity
-from .reuse import PrefixReuse
+from .schedule import LocalSchedule, Schedule
 from .sizing import MIN_CAPACITY
-from .snapshots import KVTiers
-from .types import EngineStats, GenerationEvent, GenerationStats, SamplingParams
-from .world import SOLO, Link, World
+from .supervisor import EngineState, Supervisor
+from .types import EngineStats, Entry, GenerationStats, Match, SamplingParams
 
 log = logging.getLogger("mlxtrio.engine")
 
-MAX_RESTARTS = 3
-RESTART_WINDOW = 60.0  # seconds
-RESTART_BACKOFF = 0.1  # seconds before the first restart; x4 for each next one
 DRAIN_SETTLE = 1.0  # seconds cancelled sequences get to report, after a drain's grace
-
-
-class EngineState(enum.Enum):
-    LOADING = "loading"
-    READY = "ready"
-    RESTARTING = "restarting"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    FAILED = "failed"
 
 
 class Engine:
     """Serve one model from its own thread. Create, ``await start()``, ``submit()``."""
 
     def __init__(
-        self,
-        name: str,
-        path: str,
-        *,
-        capacity: int,
-        prefill_chunk: int,
-        default_max_tokens: int,
-        prefix_cache_bytes: int = 0,
-        prefix_cache_disk_bytes: int = 0,
-        cache_dir: Path | None = None,
-        compute_dtype: str = "model",
-        prefill_step_seconds: float = 0.25,
-        context_limit: int = 0,
-        world: World = SOLO,
-        sharding: str = "auto",
-        rank_timeout: float = 60.0,
-        shutdown_grace: float = 5.0,
+        self, name: str, path: str, config: EngineConfig | None = None, world: World = SOLO
     ) -> None:
+        config = config or EngineConfig()
         self.name = name
-        self.world = world
-        self.sharding = sharding
-        self.rank_timeout = rank_timeout
-        self._shutdown_grace = shutdown_grace
-        self._context_limit = context_limit
         self.path = path
+        self.world = world
+        self.settings = config
         # 0 = auto: known once the model is loaded (see .sizing).
-        self.capacity = capacity or MIN_CAPACITY
-        self.compute_dtype_setting = compute_dtype
+        self.capacity = config.capacity or MIN_CAPACITY
         self._loop_settings = LoopSettings(
-            capacity=capacity,
-            max_prefill_chunk=prefill_chunk,
-            prefill_step_seconds=prefill_step_seconds,
-            default_max_tokens=default_max_tokens,
-            cache_enabled=prefix_cache_bytes > 0,
+            capacity=config.capacity,
+            max_prefill_chunk=config.prefill_chunk,
+            prefill_step_seconds=config.prefill_step_seconds,
+            default_max_tokens=config.default_max_tokens,
+            cache_enabled=config.prefix_cache_bytes > 0,
         )
         self.state = EngineState.LOADING
         self.error: str | None = None
@@ -130,98 +96,56 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._trio_token: trio.lowlevel.TrioToken | None = None
         self._ready = trio.Event()
-        self._live_handles: set[GenerationHandle] = set()  # submitted, not yet terminated
-        self._idle = trio.Event()
-        self._idle.set()
-        self._crashes: list[float] = []
-        # Prefix cache: the indexes live on the Trio side, the KV on the engine
-        # thread (it survives a restart of the thread) and in block files.
-        disk = None
-        if world.distributed:
-            # Each rank holds its own shard of every block, and rank 0 reads
-            # blocks from disk before a request starts: the others could not.
-            prefix_cache_disk_bytes = 0
-        if prefix_cache_bytes > 0 and prefix_cache_disk_bytes > 0 and cache_dir is not None:
-            disk = DiskIndex(prefix_cache_disk_bytes, self._forget_disk_blocks)
-        self.prefix_index = PrefixIndex(prefix_cache_bytes, self._drop_snapshots, disk)
-        self.reuse = PrefixReuse(
-            self.prefix_index, self._live_handles, self.stats, self._request_share
+        self._live = LiveHandles()  # submitted, not yet terminated
+        self.supervisor = Supervisor(self, config.rank_timeout)
+        # Each rank holds its own shard of every block, and rank 0 reads blocks
+        # from disk before a request starts: the others could not.
+        disk_bytes = 0 if world.distributed else config.prefix_cache_disk_bytes
+        self.cache = PrefixCache(
+            config.prefix_cache_bytes,
+            disk_bytes,
+            config.cache_dir,
+            self._commands.put,
+            self._live,
+            self.stats,
         )
-        self._cache_dir = cache_dir
-        self._kv = KVTiers()
         self._entry_ids = itertools.count()
-        self._grammars: GrammarCompiler | None = None
         # Across ranks: rank 0's schedule (its rounds), every rank's pid.
-        self._leader: LeaderSchedule | None = None
+        self.leader: LeaderSchedule | None = None
         self.rank_pids: tuple[int, ...] = ()
-        self._world_failed = trio.Event()
         # Called on the Trio thread once the model is loaded, before the first
         # request can reach it (what depends on the loaded model's capacity).
         self.on_loaded: list[Callable[[Engine], None]] = []
 
     # ------------------------------------------------------------------
-    # What the loaded model tells the request path
+    # What the request path reads (Trio side)
 
     @property
     def tokenizer(self) -> Any:
+        """The loaded model's tokenizer (mlx-lm's wrapper; safe to render
+        with off the engine thread); None before the model is loaded."""
         return self.loaded.tokenizer if self.loaded else None
-
-    @property
-    def config(self) -> dict[str, Any]:
-        return self.loaded.config if self.loaded else {}
-
-    @property
-    def dtype(self) -> str | None:
-        return self.loaded.dtype if self.loaded else None
-
-    @property
-    def load_seconds(self) -> float | None:
-        return self.loaded.load_seconds if self.loaded else None
 
     @property
     def context_length(self) -> int:
         """The context served: the model's, or the configured limit if smaller."""
         own = self.loaded.context_length if self.loaded else 32768
-        return min(own, self._context_limit) if self._context_limit > 0 else own
+        limit = self.settings.context_limit
+        return min(own, limit) if limit > 0 else own
 
     @property
-    def max_token_chars(self) -> int:
-        return self.loaded.max_token_chars if self.loaded else 1
-
-    @property
-    def plain_kv(self) -> bool:
-        """Whether the model's cache is plain attention KV (see LoadedModel)."""
-        return self.loaded.plain_kv if self.loaded else True
-
-    @property
-    def tool_call_token(self) -> int | None:
-        return self.loaded.tool_call_token if self.loaded else None
-
-    @property
-    def tool_call_end_token(self) -> int | None:
-        return self.loaded.tool_call_end_token if self.loaded else None
-
-    @property
-    def grammars(self) -> GrammarCompiler | None:
-        """The model's grammar compiler (None: it cannot be constrained)."""
-        if self._grammars is None and self.loaded and self.loaded.grammar_tokenizer is not None:
-            self._grammars = GrammarCompiler(self.loaded.grammar_tokenizer)
-        return self._grammars
-
-    @property
-    def tool_call_mask_token(self) -> int | None:
-        """The token masked to keep the model from opening a tool call."""
-        return self.loaded.tool_call_mask_token if self.loaded else None
+    def loaded_model(self) -> bool:
+        return self.loaded is not None
 
     @property
     def active_sequences(self) -> int:
         """Sequences submitted and not yet finished (as the Trio side sees them)."""
-        return len(self._live_handles)
+        return len(self._live)
 
     @property
     def ranks(self) -> tuple[RankState, ...]:
         """Every rank's state as of the latest round (empty in a world of one)."""
-        return self._leader.ranks if self._leader is not None else ()
+        return self.leader.ranks if self.leader is not None else ()
 
     # ------------------------------------------------------------------
     # Lifecycle (Trio side)
@@ -235,9 +159,10 @@ class Engine:
         if self._thread is not None:
             return
         self._trio_token = trio.lowlevel.current_trio_token()
-        self._start_thread()
+        self.start_thread()
 
-    def _start_thread(self, delay: float = 0.0) -> None:
+    def start_thread(self, delay: float = 0.0) -> None:
+        """Start (or restart, after ``delay`` seconds) the engine thread."""
         self._thread = threading.Thread(
             target=self._thread_main,
             args=(delay,),
@@ -266,11 +191,11 @@ class Engine:
         if self.state in (EngineState.READY, EngineState.RESTARTING):
             self.state = EngineState.STOPPING
         with trio.move_on_after(grace):
-            await self._idle.wait()
-        for handle in list(self._live_handles):
+            await self._live.wait_idle()
+        for handle in self._live:
             handle.cancel()
         with trio.move_on_after(DRAIN_SETTLE):
-            await self._idle.wait()
+            await self._live.wait_idle()
 
     async def stop(self, grace: float) -> None:
         """:meth:`drain`, then join the engine thread. Every handle still open
@@ -284,18 +209,18 @@ class Engine:
         self._commands.put(Shutdown())
         thread = self._thread
         # A failed world's thread may be blocked in a collective for good.
-        wait = 0.5 if self._world_failed.is_set() else max(grace, 1.0)
+        wait = 0.5 if self.supervisor.world_failed.is_set() else max(grace, 1.0)
         with trio.move_on_after(wait):
             await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
         if thread.is_alive():
             log.warning("engine thread for %s did not stop in time; abandoning it", self.name)
-        writer = self._kv.disk
+        writer = self.cache.kv.disk
         if writer is not None and not thread.is_alive():  # spills queued so far get written
             with trio.move_on_after(max(grace, 1.0)):
                 await trio.to_thread.run_sync(writer.close, abandon_on_cancel=True)
         if self.state is not EngineState.FAILED:
             self.state = EngineState.STOPPED
-        self._end_all_handles(None)
+        self.end_all_handles(None)
 
     # ------------------------------------------------------------------
     # Requests (Trio side)
@@ -304,13 +229,13 @@ class Engine:
         """The longest cached prefix of ``prompt`` in isolation ``domain``, pinned
         until :meth:`release` (or until a sequence submitted with it starts).
         Callers know the reuse before sending headers. May wait for a running
-        sequence's KV and read blocks from disk (see :class:`.reuse.PrefixReuse`);
+        sequence's KV and read blocks from disk (see :class:`.cache.reuse.PrefixReuse`);
         cancelling it leaves nothing pinned."""
-        return await self.reuse.lookup(self.loaded, (self.name, domain), prompt)
+        return await self.cache.lookup(self.loaded, (self.name, domain), prompt)
 
     def release(self, match: Match | None) -> None:
         """Unpin a match from :meth:`lookup`; idempotent."""
-        self.prefix_index.release(match)
+        self.cache.release(match)
 
     def submit(
         self,
@@ -342,9 +267,7 @@ class Engine:
         )
         handle.boundary = boundary
         handle.serial = next(self._serials)
-        self._live_handles.add(handle)
-        if self._idle.is_set():
-            self._idle = trio.Event()
+        self._live.add(handle)
         self._commands.put(Submit(handle))
         return handle
 
@@ -352,34 +275,8 @@ class Engine:
         handle.cancel_requested_at_step = self.stats.steps
         self._commands.put(Cancel(handle))
 
-    def _request_share(self, handle: GenerationHandle, at: int) -> None:
-        self._commands.put(Share(handle, at))
-
-    def _drop_snapshots(self, entry_ids: list[int]) -> None:
-        self._commands.put(Drop(tuple(entry_ids)))
-
-    def _forget_disk_blocks(self, names: list[bytes]) -> None:
-        self._commands.put(ForgetDisk(tuple(names)))
-
-    def _disk_written(self, name: bytes, size: int | None) -> None:
-        """A block file was written (``size`` None: writing it failed)."""
-        if self.prefix_index.disk is None:
-            return
-        if size is None:
-            self._forget_disk_blocks([name])  # so the engine may spill it again
-        else:
-            self.prefix_index.disk.added([(name, size)])
-
     # ------------------------------------------------------------------
     # Called on the Trio thread by the engine thread (see _Outbox)
-
-    def _deliver(self, deliveries: list[Delivery]) -> None:
-        for handle, event in deliveries:
-            handle._deliver(event)
-            if handle.done:
-                self._live_handles.discard(handle)
-        if not self._live_handles:
-            self._idle.set()
 
     def _on_serving(self) -> None:
         if self.state is EngineState.LOADING:
@@ -391,83 +288,20 @@ class Engine:
         self._ready.set()
 
     def _on_thread_exit(self, error: str | None) -> None:
-        """The engine thread ended: cleanly (shutdown), failing to load, or dying."""
-        if error is None:
-            self._end_all_handles(None)
-            return
-        if self.world.distributed:
-            what = "could not open the model on every rank" if self.loaded is None else "failed"
-            self._fail_world(f"the distributed engine {what}: {error}")
-            return
-        self.error = error
-        self._end_all_handles(f"the engine failed: {error}")
-        if self.loaded is None or self.state in (EngineState.STOPPING, EngineState.STOPPED):
-            self.state = EngineState.FAILED if self.loaded is None else EngineState.STOPPED
-            self._ready.set()
-            return
-        now = time.monotonic()
-        self._crashes = [t for t in self._crashes if now - t < RESTART_WINDOW] + [now]
-        if len(self._crashes) > MAX_RESTARTS:
-            self.state = EngineState.FAILED
-            self.error = (
-                f"the engine thread died {len(self._crashes)} times within "
-                f"{RESTART_WINDOW:.0f} s; giving up (last error: {error})"
-            )
-            log.error("model %s: %s", self.name, self.error)
-            return
-        self.restarts += 1
-        self.state = EngineState.RESTARTING
-        delay = RESTART_BACKOFF * 4 ** (len(self._crashes) - 1)
-        log.warning(
-            "model %s: restarting the engine thread in %.1f s after: %s", self.name, delay, error
-        )
-        self._start_thread(delay)
+        self.supervisor.thread_ended(error)
 
-    # ------------------------------------------------------------------
-    # Across ranks (Trio side)
+    def mark_settled(self) -> None:
+        """Wake whoever waits for the engine to be ready: it will not be."""
+        self._ready.set()
 
     async def watch_ranks(self) -> None:
-        """Return when the distributed world has failed (never in a world of
-        one): the engine thread died (a rank left: its connections closed), or
-        no round completed for ``rank_timeout`` seconds (a rank stopped
-        answering; the engine thread stays blocked in a collective and is
-        abandoned at shutdown). Either way the engine is failed first: every
-        open handle ends with an error and ``/health`` says 503."""
-        if not self.world.distributed:
-            await trio.sleep_forever()
-        while not self._world_failed.is_set():
-            with trio.move_on_after(1.0):
-                await self._world_failed.wait()
-            leader = self._leader
-            if leader is None or self.state not in (EngineState.READY, EngineState.STOPPING):
-                continue
-            silent = time.monotonic() - leader.last_round
-            if silent > self.rank_timeout:
-                self._fail_world(
-                    f"no answer from the other ranks for {silent:.0f} s "
-                    f"(rank_timeout {self.rank_timeout:g} s): a rank stopped responding"
-                )
+        """Return when the distributed world has failed (see
+        :meth:`.supervisor.Supervisor.watch_ranks`)."""
+        await self.supervisor.watch_ranks()
 
-    def _fail_world(self, reason: str) -> None:
-        if self._world_failed.is_set():
-            return
-        self.state = EngineState.FAILED
-        self.error = reason
-        log.error("model %s across %d ranks: %s; shutting down", self.name, self.world.size, reason)
-        self._end_all_handles(f"the engine failed: {reason}")
-        self._ready.set()
-        self._world_failed.set()
-
-    def _end_all_handles(self, error: str | None) -> None:
+    def end_all_handles(self, error: str | None) -> None:
         """Give every open handle its terminal event: ``error``, or cancelled."""
-        for handle in list(self._live_handles):
-            if error is None:
-                event = GenerationEvent(finish_reason="cancelled", stats=handle.stats)
-            else:
-                event = GenerationEvent(error=error)
-            handle._deliver(event)
-        self._live_handles.clear()
-        self._idle.set()
+        self._live.end_all(error)
 
     def _post(self, fn: Any, *args: Any) -> None:
         """Hand ``fn(*args)`` to the Trio loop; dropped if the loop has ended."""
@@ -492,8 +326,8 @@ class Engine:
             if self.world.distributed:
                 schedule = self._open_ranks()
             elif self.loaded is None:
-                self.loaded = load_model(self.name, self.path, self.compute_dtype_setting)
-                self._open_disk_tier(self.loaded)
+                self.loaded = load_model(self.name, self.path, self.settings.compute_dtype)
+                self.cache.open_disk(self.loaded, f"{self.path} ({self.loaded.dtype})", self._post)
                 self._size_batch(resolved_capacity(self._loop_settings.capacity, self.loaded))
             assert self.loaded is not None
             loop = EngineLoop(
@@ -501,7 +335,7 @@ class Engine:
                 schedule,
                 _Outbox(self),
                 self._loop_settings,
-                self._kv,
+                self.cache.kv,
                 self.stats,
                 lambda: next(self._entry_ids),
                 strict=self.world.distributed,
@@ -526,41 +360,14 @@ class Engine:
         self.capacity = self._loop_settings.capacity = capacity
 
     def _open_ranks(self) -> LeaderSchedule:
-        """Open the model on every rank (engine thread; see :mod:`.ranks`)."""
+        """Open the model on every rank (engine thread; see :mod:`.distributed.ranks`)."""
         link = Link(self.world)
-        plan = RankPlan(
-            name=self.name,
-            path=self.path,
-            compute_dtype=self.compute_dtype_setting,
-            sharding=self.sharding,
-            loop=self._loop_settings,
-            seed=new_seed(),
-            rank_timeout=self.rank_timeout,
-            shutdown_grace=self._shutdown_grace,
-        )
+        plan = RankPlan.for_leader(self.name, self.path, self.settings, self._loop_settings)
         opened = open_ranks(link, plan)
         self.loaded, self.rank_pids = opened.loaded, opened.pids
         self._size_batch(opened.plan.loop.capacity)
-        log.info(
-            "model %s is sharded across %d ranks (pids %s)",
-            self.name,
-            self.world.size,
-            ", ".join(map(str, opened.pids)),
-        )
-        self._leader = LeaderSchedule(self._commands, link, opened.doorbell)
-        return self._leader
-
-    def _open_disk_tier(self, loaded: LoadedModel) -> None:
-        """Find the block files an earlier run left for these weights and start
-        the writer (engine thread, before serving; a listing of the directory)."""
-        if self.prefix_index.disk is None or self._cache_dir is None:
-            return
-        owner = f"{self.path} ({loaded.dtype})"
-        written = partial(self._post, self._disk_written)
-        found = self._kv.open_disk(self._cache_dir, loaded.fingerprint, owner, written)
-        if found is not None:
-            self.reuse.disk_dir = self._kv.directory
-            self._post(self.prefix_index.disk.added, found)
+        self.leader = LeaderSchedule(self._commands, link, opened.doorbell)
+        return self.leader
 
 
 class _Outbox:
@@ -569,14 +376,14 @@ class _Outbox:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
-    def deliver(self, deliveries: list[Delivery]) -> None:
-        self._engine._post(self._engine._deliver, deliveries)
+    def deliver(self, deliveries: list[HandleEvent]) -> None:
+        self._engine._post(self._engine._live.deliver, deliveries)
 
     def snapshot(self, entry: Entry) -> None:
-        self._engine._post(self._engine.prefix_index.add, entry)
+        self._engine._post(self._engine.cache.index.add, entry)
 
     def release(self, match: Match) -> None:
-        self._engine._post(self._engine.prefix_index.release, match)
+        self._engine._post(self._engine.cache.index.release, match)
 
     def shared(self, handle: GenerationHandle) -> None:
         self._engine._post(handle.kv_ready.set)
@@ -584,6 +391,7 @@ class _Outbox:
 
 __all__ = [
     "Engine",
+    "EngineConfig",
     "EngineError",
     "EngineState",
     "EngineUnavailable",

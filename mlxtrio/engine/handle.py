@@ -10,13 +10,12 @@ plus the final one).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from types import TracebackType
 
 import trio
 
-from .prefix_cache import Match
-from .types import GenerationEvent, GenerationStats, SamplingParams
+from .types import GenerationEvent, GenerationStats, Match, SamplingParams
 
 
 class EngineError(RuntimeError):
@@ -58,11 +57,15 @@ class GenerationHandle:
         self._lot = trio.lowlevel.ParkingLot()
         self._done = False  # the final event has been delivered
         self._cancel_requested = False
-        # Engine bookkeeping (written by the engine thread, read by tests).
+        # The engine step at which cancel() was asked for (written on the Trio
+        # thread; the engine thread reads it to measure cancellation latency).
         self.cancel_requested_at_step: int | None = None
-        self.prefilled = 0  # prompt tokens in its KV so far, cached ones included
-        self.boundary = 0  # where its system prompt ends, when the engine needs it
-        # Names it in commands, across threads and ranks (set by the engine).
+        # Prompt tokens in its KV so far, cached ones included (written by the
+        # engine thread; read on the Trio thread by in-flight reuse: a plain
+        # int, so a read sees either value).
+        self.prefilled = 0
+        self.boundary = 0  # where its system prompt ends (set at submit)
+        # Names it in commands, across threads and ranks (set at submit).
         self.serial = 0
         # In-flight reuse: when another request waits to start from this one's
         # prompt, the engine is asked to snapshot it once it holds ``share_at``
@@ -140,3 +143,48 @@ class GenerationHandle:
             if event.stats is not None:
                 self.stats = event.stats
         self._lot.unpark_all()
+
+
+class LiveHandles:
+    """The handles submitted and not yet terminated, as the Trio side sees
+    them, and whether there are none (the engine is idle). Trio thread only."""
+
+    def __init__(self) -> None:
+        self._handles: set[GenerationHandle] = set()
+        self._idle = trio.Event()
+        self._idle.set()
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def __iter__(self) -> Iterator[GenerationHandle]:
+        return iter(list(self._handles))
+
+    def add(self, handle: GenerationHandle) -> None:
+        self._handles.add(handle)
+        if self._idle.is_set():
+            self._idle = trio.Event()
+
+    def deliver(self, deliveries: Iterable[tuple[GenerationHandle, GenerationEvent]]) -> None:
+        """Hand each event to its handle; a handle's terminal event ends it here."""
+        for handle, event in deliveries:
+            handle._deliver(event)
+            if handle.done:
+                self._handles.discard(handle)
+        if not self._handles:
+            self._idle.set()
+
+    def end_all(self, error: str | None) -> None:
+        """Give every open handle its terminal event: ``error``, or cancelled."""
+        for handle in list(self._handles):
+            if error is None:
+                event = GenerationEvent(finish_reason="cancelled", stats=handle.stats)
+            else:
+                event = GenerationEvent(error=error)
+            handle._deliver(event)
+        self._handles.clear()
+        self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Wait until no handle is open. Cancelling it cancels only the wait."""
+        await self._idle.wait()

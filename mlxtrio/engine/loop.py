@@ -34,33 +34,34 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .cache.snapshots import KVTiers, Snapshots
 from .commands import Cancel, Command, Drop, ForgetDisk, Share, Shutdown, Submit
 from .handle import GenerationHandle
-from .lockstep import Schedule
 from .memory import release_buffers
 from .model import LoadedModel
 from .pacing import PrefillPacer
-from .prefix_cache import Entry, Match
+from .processors.assembly import ProcessorFactory
+from .processors.sampling import normalized, sampler_for
+from .schedule import Schedule
 from .sequence import LiveSequence, SequenceGuard, finish_stats
-from .snapshots import KVTiers, Snapshots
 from .types import (
     EngineStats,
+    Entry,
     GenerationEvent,
     GenerationStats,
-    GrammarConstraint,
-    TextConstraint,
+    Match,
 )
 
 log = logging.getLogger("mlxtrio.engine")
 
 _LATENCY_HISTORY = 256
-Delivery = tuple[GenerationHandle, GenerationEvent]
+HandleEvent = tuple[GenerationHandle, GenerationEvent]
 
 
 class Outbox(Protocol):
     """What the loop hands to the Trio thread (each call is one ``run_sync_soon``)."""
 
-    def deliver(self, deliveries: list[Delivery]) -> None: ...
+    def deliver(self, deliveries: list[HandleEvent]) -> None: ...
     def snapshot(self, entry: Entry) -> None: ...
     def release(self, match: Match) -> None: ...
     def shared(self, handle: GenerationHandle) -> None: ...
@@ -90,9 +91,9 @@ class EngineLoop:
     strict: bool = False  # sharded across ranks: no local recovery
     live: dict[int, LiveSequence] = field(default_factory=dict)
     by_handle: dict[GenerationHandle, LiveSequence] = field(default_factory=dict)
-    _spellings: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.processors = ProcessorFactory(self.loaded.tokenizer, self.loaded.token_texts)
         self.pacer = PrefillPacer(
             self.settings.prefill_step_seconds, self.settings.max_prefill_chunk
         )
@@ -126,7 +127,7 @@ class EngineLoop:
             self.gen.close()
 
     def _report(self) -> tuple[int, int, int]:
-        """This rank's state for a lock-step round (see :mod:`.lockstep`)."""
+        """This rank's state for a lock-step round (see :mod:`.schedule`)."""
         return len(self.live), self.stats.steps, len(self.kv.memory.snapshots)
 
     # -- commands (the safepoint) --------------------------------------------
@@ -171,21 +172,12 @@ class EngineLoop:
     def _start(self, handle: GenerationHandle) -> None:
         from mlx_lm.generate import StopSequences
 
-        from .constraints import ReasoningBudget
-        from .sampling import normalized, penalty_processors, sampler_for
-
         loaded, tokenizer = self.loaded, self.loaded.tokenizer
         params = normalized(handle.sampling, loaded.vocab_size)
         eos = [(t,) for t in tokenizer.eos_token_ids]
         stops = StopSequences(eos + [(t,) for t in params.stop_token_ids])
         generated: list[int] = []
-        processors: list[Any] = penalty_processors(params)
-        end_tokens = tuple(getattr(tokenizer, "think_end_tokens", None) or ())
-        if params.reasoning_budget is not None and len(end_tokens) == 1:
-            processors.append(ReasoningBudget(params.reasoning_budget, end_tokens[0], generated))
-        processors.extend(
-            constraint_processor(c, loaded, generated, self._spelling) for c in params.constraints
-        )
+        processors = self.processors.for_sequence(params, generated)
         sampler = sampler_for(params)
         guard = SequenceGuard(processors) if processors else None
         detokenizer = tokenizer.detokenizer
@@ -210,16 +202,6 @@ class EngineLoop:
         self.live[uid] = seq
         self.by_handle[handle] = seq
         self.stats.submitted += 1
-
-    def _spelling(self, text: str) -> tuple[int, ...]:
-        """How the tokenizer spells ``text`` (tool-call openings recur per request)."""
-        spelling = self._spellings.get(text)
-        if spelling is None:
-            if len(self._spellings) >= 4096:
-                self._spellings.clear()
-            spelling = tuple(self.loaded.tokenizer.encode(text, add_special_tokens=False))
-            self._spellings[text] = spelling
-        return spelling
 
     def _release(self, handle: GenerationHandle) -> None:
         """Unpin ``handle``'s prefix match (the sequence will not use it)."""
@@ -316,7 +298,7 @@ class EngineLoop:
             self._forget(seq)
         self.outbox.deliver(deliveries)
 
-    def _fail_guarded(self) -> list[Delivery]:
+    def _fail_guarded(self) -> list[HandleEvent]:
         """End the sequences whose logits processors raised during the step."""
         broken = [
             (seq, seq.guard.error)
@@ -371,7 +353,7 @@ class EngineLoop:
 
     # -- results ---------------------------------------------------------------
 
-    def _collect(self, prompt_responses: list[Any], gen_responses: list[Any]) -> list[Delivery]:
+    def _collect(self, prompt_responses: list[Any], gen_responses: list[Any]) -> list[HandleEvent]:
         now = time.perf_counter()
         for r in prompt_responses:
             seq = self.live.get(r.uid)
@@ -424,36 +406,6 @@ class EngineLoop:
         self.stats.finished += 1
         finish_stats(seq, now)
         return GenerationEvent((r.token,), detok.last_segment, r.finish_reason, stats)
-
-
-def constraint_processor(
-    constraint: TextConstraint | GrammarConstraint,
-    loaded: LoadedModel,
-    seen: list[int] | None = None,
-    spell: Callable[[str], tuple[int, ...]] | None = None,
-) -> Any:
-    """The logits processor that enforces ``constraint`` on one sequence;
-    ``seen`` is the sequence's generated tokens as the host receives them,
-    ``spell`` the tokenizer's spelling of a text (cached by the caller)."""
-    from .constraints import OpeningConstraint
-    from .grammar import GrammarProcessor
-
-    if isinstance(constraint, GrammarConstraint):
-        return GrammarProcessor(constraint.grammar, constraint.after, constraint.repeat, seen)
-    if spell is None:
-
-        def spell(text: str) -> tuple[int, ...]:
-            return tuple(loaded.tokenizer.encode(text, add_special_tokens=False))
-
-    spellings = tuple(spell(text) for text in constraint.openings)
-    return OpeningConstraint(
-        constraint.openings,
-        constraint.after,
-        loaded.token_texts,
-        constraint.repeat,
-        spellings,
-        seen,
-    )
 
 
 def _final(reason: str, stats: GenerationStats) -> GenerationEvent:

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ..grammar.compiler import grammar_tokenizer
-from .blocks import root_name
-from .constraints import TokenTexts
 from .precision import apply_compute_dtype
-from .world import SOLO, World
+from .processors.grammar_masks import grammar_tokenizer
+from .processors.openings import TokenTexts
 
 log = logging.getLogger("mlxtrio.engine")
 
 
-@dataclass
+@dataclass(eq=False)  # one per load: compared (and hashed) by identity
 class LoadedModel:
     model: Any  # the mlx-lm model (MLX: engine thread only)
     tokenizer: Any  # mlx-lm TokenizerWrapper; thread-safe to render with
@@ -59,21 +58,29 @@ class LoadedModel:
     def context_length(self) -> int:
         return int(self.config.get("max_position_embeddings") or 32768)
 
-    def cache_root(self, domain: str) -> bytes:
-        """The start of the block-name chain for ``domain`` (see :mod:`.blocks`)."""
-        return root_name(self.fingerprint, domain)
+
+Checkpoint = tuple[Any, Any, dict[str, Any]]  # mlx-lm's model, tokenizer and config
+
+
+def read_checkpoint(path: str) -> Checkpoint:
+    """The whole model at ``path`` (a local directory or hub id), through mlx-lm."""
+    from mlx_lm import load
+
+    return cast(Checkpoint, load(path, return_config=True))
 
 
 def load_model(
-    name: str, path: str, compute_dtype: str, world: World = SOLO, sharding: str = "auto"
+    name: str,
+    path: str,
+    compute_dtype: str,
+    read: Callable[[str], Checkpoint] = read_checkpoint,
 ) -> LoadedModel:
-    """Load ``path`` (a local directory or hub id) and pick its compute type.
-
-    In a distributed ``world`` every rank calls this together and loads its
-    shard (see :func:`_load_shard`); the call returns once every rank has."""
+    """Load ``path`` with ``read`` and pick its compute type (a distributed
+    world reads each rank's shard instead: see
+    :func:`.distributed.ranks.read_shard`)."""
     log.info("loading model %s from %s", name, path)
     started = time.perf_counter()
-    model, tokenizer, config = _load_shard(path, world, sharding)
+    model, tokenizer, config = read(path)
     # Built now rather than at the first request that needs it, which would
     # stall every running sequence while a large vocabulary is decoded.
     texts = TokenTexts.from_tokenizer(tokenizer)
@@ -119,26 +126,6 @@ def load_model(
         loaded.dtype,
     )
     return loaded
-
-
-def _load_shard(path: str, world: World, sharding: str) -> tuple[Any, Any, dict[str, Any]]:
-    """The whole model in a world of one; else this rank's shard, with
-    mlx-lm's sharding: ``tensor`` parallel (each layer's heads and MLP split
-    across the ranks; every step runs on all of them), ``pipeline`` parallel
-    (consecutive layers per rank), or ``auto``: tensor where the model
-    supports it, else pipeline."""
-    from mlx_lm import load
-    from mlx_lm.utils import sharded_load
-
-    if not world.distributed:
-        return cast(tuple[Any, Any, dict[str, Any]], load(path, return_config=True))
-    groups = {
-        "auto": {},
-        "tensor": {"tensor_group": world.group},
-        "pipeline": {"pipeline_group": world.group},
-    }[sharding]
-    loaded = sharded_load(path, return_config=True, **groups)  # type: ignore[arg-type]
-    return cast(tuple[Any, Any, dict[str, Any]], loaded)
 
 
 def weights_fingerprint(path: str, config: dict[str, Any], dtype: str) -> str:

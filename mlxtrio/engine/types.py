@@ -6,10 +6,15 @@ the API layer.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+# The prefix cache's unit: a prompt's KV is cut into blocks of this many
+# tokens (see .cache.blocks).
+BLOCK_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -117,3 +122,37 @@ class EngineStats:
     cancel_latency_steps: list[int] = field(default_factory=list)
     # What the most recently cancelled sequence had done when it was removed.
     last_cancelled: GenerationStats | None = None
+
+
+# -- prefix-cache entries and matches (see .cache.prefix_index) --------------
+
+
+@dataclass
+class Entry:
+    id: int
+    key: Hashable  # (model, domain)
+    tokens: list[int]
+    nbytes: int  # its own KV: the tail after its blocks, or the whole cache
+    trimmable: bool
+    pins: int = 0
+    blocks: tuple[bytes, ...] = ()  # names of the shared blocks it starts with
+    block_nbytes: int = 0  # bytes of one block
+
+
+@dataclass
+class Match:
+    """A reusable prefix of ``length`` tokens: the first tokens of ``entry`` (if
+    any), then the ``disk`` blocks, read from disk into ``loaded`` before the
+    sequence starts."""
+
+    entry: Entry | None
+    length: int
+    disk: tuple[bytes, ...] = ()
+    loaded: list[Any] | None = field(default=None, repr=False)  # the engine clears it
+    loaded_nbytes: int = 0
+    _released: bool = field(default=False, repr=False)
+
+    @property
+    def memory_length(self) -> int:
+        """Tokens taken from ``entry``."""
+        return self.length - len(self.disk) * BLOCK_TOKENS

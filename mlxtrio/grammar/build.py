@@ -176,7 +176,7 @@ def _xml_value(schema: Any, strict: bool) -> str:
 
 
 # Call bodies by mlx-lm tool-parser module. Families not listed keep the
-# opening constraint only (engine/constraints.py): their arguments are not in
+# opening constraint only (grammar/shapes.py): their arguments are not in
 # a form the schema can be held to here (GLM's XML parameters, pythonic
 # calls, Gemma's own notation) or their markup is not pinned down by the
 # parser.

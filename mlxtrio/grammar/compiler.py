@@ -1,4 +1,6 @@
-"""Compile grammars for one model's vocabulary, off the Trio thread, once.
+"""Compile grammars for one model's vocabulary, off the Trio thread, once
+(the vocabulary as llguidance reads it is built with the model, by
+:func:`mlxtrio.engine.processors.grammar_masks.grammar_tokenizer`).
 
 A compiled grammar is an llguidance ``LLMatcher`` in its initial state: the
 engine thread ``deep_copy()``s it for each sequence (microseconds), so the
@@ -23,21 +25,6 @@ CACHE_ENTRIES = 128
 
 class GrammarError(ValueError):
     """A grammar or schema the engine cannot compile; the message says why."""
-
-
-def grammar_tokenizer(tokenizer: Any, vocab_size: int) -> Any | None:
-    """llguidance's view of an mlx-lm tokenizer (about a second for a large
-    vocabulary), or None when the tokenizer is not one it can read (only
-    Hugging Face fast tokenizers are)."""
-    try:
-        import llguidance.hf
-
-        hf = getattr(tokenizer, "_tokenizer", tokenizer)
-        eos = sorted(getattr(tokenizer, "eos_token_ids", ()) or ()) or None
-        return llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos)
-    except Exception as exc:  # any tokenizer llguidance cannot read
-        log.warning("constrained decoding is off for this model: %s", exc)
-        return None
 
 
 class GrammarCompiler:
@@ -72,15 +59,6 @@ class GrammarCompiler:
                 self._validate, key, schema, strict, limiter=self._limiter
             )
         return error
-
-    def compile_now(self, grammar: str) -> Any:
-        """:meth:`matcher` on the calling thread (blocking: milliseconds, once
-        per grammar), for a thread that is not Trio's: the engine thread of a
-        distributed model's other ranks. Raises :class:`GrammarError`."""
-        result = self._compile(grammar)
-        if isinstance(result, GrammarError):
-            raise result
-        return result
 
     # -- worker thread ---------------------------------------------------------
 

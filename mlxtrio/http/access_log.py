@@ -4,7 +4,7 @@ after its last event), so users can see what the server did:
     POST /v1/messages 200 model=mlxtrio-tiny prompt=3412 cached=3300 generated=57
         ttft=0.41s duration=1.20s finish=stop
 
-Routes fill in what they know through ``api.deps.access_record()``; the app's
+Routes fill in what they know through ``serving.call.access_record()``; the app's
 ASGI entry point creates the record and notes the status, and the call scope
 writes the line when the call is over.
 """

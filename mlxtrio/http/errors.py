@@ -1,7 +1,7 @@
 """API errors and the two envelopes they are rendered in.
 
 Every error the server returns is an :class:`ApiError`. Which envelope it gets
-depends on the *surface* the request came in on, decided by its path:
+depends on the API the request came in on, decided by its path:
 ``/v1/messages*`` speaks Anthropic, everything else OpenAI.
 """
 
@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 
-class Surface(enum.Enum):
+class Envelope(enum.Enum):
     OPENAI = "openai"
     ANTHROPIC = "anthropic"
 
     @classmethod
-    def for_path(cls, path: str) -> Surface:
+    def for_path(cls, path: str) -> Envelope:
         return cls.ANTHROPIC if path.startswith("/v1/messages") else cls.OPENAI
 
 
@@ -39,7 +39,7 @@ _ANTHROPIC_TYPES = {
 
 @dataclass
 class ApiError(Exception):
-    """An error with an HTTP status, rendered in the envelope of its surface."""
+    """An error with an HTTP status, rendered in the envelope of its API."""
 
     status: int
     message: str
@@ -51,8 +51,8 @@ class ApiError(Exception):
     def __str__(self) -> str:
         return self.message
 
-    def envelope(self, surface: Surface) -> dict[str, Any]:
-        if surface is Surface.ANTHROPIC:
+    def envelope(self, shape: Envelope) -> dict[str, Any]:
+        if shape is Envelope.ANTHROPIC:
             kind = _ANTHROPIC_TYPES.get(self.status, self.type)
             if self.status == 400:
                 kind = "invalid_request_error"
@@ -66,8 +66,8 @@ class ApiError(Exception):
             }
         }
 
-    def body(self, surface: Surface) -> bytes:
-        return json.dumps(self.envelope(surface)).encode()
+    def body(self, shape: Envelope) -> bytes:
+        return json.dumps(self.envelope(shape)).encode()
 
 
 def invalid_request(message: str, param: str | None = None) -> ApiError:

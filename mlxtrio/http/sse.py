@@ -40,11 +40,6 @@ SSE_HEADERS = {
 COMMENT_KEEPALIVE = b": keepalive\n\n"
 # What EventSink.send raises once the response body is gone (the client left).
 CLIENT_GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
-ANTHROPIC_PING = b'event: ping\ndata: {"type": "ping"}\n\n'
-
-
-# Chat Completions streams have no event names and end with this frame.
-DONE_FRAME = b"data: [DONE]\n\n"
 
 
 def frame(event: str, data: dict[str, Any]) -> bytes:
@@ -59,7 +54,7 @@ def frame(event: str, data: dict[str, Any]) -> bytes:
 class EventSink:
     """What a producer writes to. ``send`` waits while the client is slow.
 
-    It counts the events sent and notes whether one of the surface's terminal
+    It counts the events sent and notes whether one of the API's terminal
     events (``terminal``) went out, for :class:`EventStream`'s last resort."""
 
     def __init__(
@@ -75,67 +70,34 @@ class EventSink:
         self.sent += 1
         self.ended = self.ended or event in self._terminal
 
-    async def send_done(self) -> None:
-        """End a Chat Completions stream (``data: [DONE]``)."""
-        await self._channel.send(DONE_FRAME)
+    async def send_frame(self, raw: bytes, *, terminal: bool = False) -> None:
+        """A frame written by the API itself (Chat Completions ends its
+        streams with ``data: [DONE]``); ``terminal``: it ends the stream."""
+        await self._channel.send(raw)
         self.sent += 1
-        self.ended = True
+        self.ended = self.ended or terminal
 
 
 Producer = Callable[[EventSink], Awaitable[None]]
 
 
 @dataclass(frozen=True)
-class Surface:
+class StreamEnding:
     """How one API ends a stream: its terminal event names, and the frame that
     ends a stream whose producer failed without sending one (given the number
-    of events already sent, for APIs that number their events)."""
+    of events already sent, for APIs that number their events). Each API
+    package defines its own."""
 
     terminal: frozenset[str]
     last_words: Callable[[int], bytes]
 
 
-def last_words(sent: int) -> dict[str, Any]:
-    """The Responses ``error`` event that ends a stream whose producer failed
-    after ``sent`` events."""
-    return {
-        "type": "error",
-        "sequence_number": sent,
-        "code": "server_error",
-        "message": "internal server error",
-        "param": None,
-        # Open Responses nests the error; OpenAI puts it at the top: both.
-        "error": {
-            "type": "server_error",
-            "code": "server_error",
-            "message": "internal server error",
-            "param": None,
-        },
-    }
-
-
-RESPONSES = Surface(
-    frozenset({"response.completed", "response.incomplete", "response.failed", "error"}),
-    lambda sent: frame("error", last_words(sent)),
-)
-MESSAGES = Surface(
-    frozenset({"message_stop", "error"}),
-    lambda sent: frame(
-        "error",
-        {"type": "error", "error": {"type": "api_error", "message": "internal server error"}},
-    ),
-)
-
-CHAT_ERROR = {"error": {"type": "server_error", "message": "internal server error", "code": None}}
-CHAT = Surface(frozenset(), lambda sent: frame("", CHAT_ERROR) + DONE_FRAME)
-
-
 class EventStream:
     """Run ``producer`` in ``nursery`` and expose its frames as a response body.
 
-    Producers end every stream with ``surface``'s terminal event, failures
+    Producers end every stream with ``ending``'s terminal event, failures
     included; should one raise without having sent it (a bug), the stream ends
-    with the surface's last words instead of none. :attr:`delivered` tells,
+    with the API's last words instead of none. :attr:`delivered` tells,
     once the request is over, whether every frame - the terminal event included
     - was handed to the transport, i.e. whether the client stayed to the end.
     """
@@ -144,7 +106,7 @@ class EventStream:
         self,
         nursery: trio.Nursery,
         producer: Producer,
-        surface: Surface,
+        ending: StreamEnding,
         *,
         keepalive: float,
         drain_timeout: float,
@@ -152,7 +114,7 @@ class EventStream:
         buffer: int = 16,
     ) -> None:
         self.delivered = False
-        self._surface = surface
+        self._ending = ending
         self._keepalive = keepalive
         self._keepalive_frame = keepalive_frame
         self._drain_timeout = drain_timeout
@@ -164,7 +126,7 @@ class EventStream:
 
     async def _run_producer(self, producer: Producer, send: trio.MemorySendChannel[bytes]) -> None:
         async with send:
-            sink = EventSink(send, self._surface.terminal)
+            sink = EventSink(send, self._ending.terminal)
             try:
                 await producer(sink)
             except CLIENT_GONE:
@@ -176,7 +138,7 @@ class EventStream:
                 log.exception("stream producer failed")
                 if not sink.ended:
                     with contextlib.suppress(*CLIENT_GONE):
-                        await send.send(self._surface.last_words(sink.sent))
+                        await send.send(self._ending.last_words(sink.sent))
 
     async def _watch_drain(self) -> None:
         """Cancel the request when one write has been stuck for drain_timeout."""

@@ -12,7 +12,7 @@ from quart import websocket as websocket_context
 from werkzeug.exceptions import HTTPException
 
 from .body import read_json_body, too_large
-from .errors import ApiError, Surface
+from .errors import ApiError, Envelope
 from .security import ApiKeys, HostPolicy, OriginPolicy
 
 log = logging.getLogger("mlxtrio.http")
@@ -33,11 +33,11 @@ def _current() -> tuple[str, str]:
 
 
 def error_response(error: ApiError, path: str | None = None) -> Response:
-    surface = Surface.for_path(path if path is not None else _current()[1])
-    response = Response(error.body(surface), status=error.status, content_type="application/json")
+    envelope = Envelope.for_path(path if path is not None else _current()[1])
+    response = Response(error.body(envelope), status=error.status, content_type="application/json")
     for name, value in (error.headers or {}).items():
         response.headers[name] = value
-    if error.status == 429 and surface is Surface.ANTHROPIC:
+    if error.status == 429 and envelope is Envelope.ANTHROPIC:
         response.headers["retry-after"] = (error.headers or {}).get("Retry-After", "1")
     return response
 

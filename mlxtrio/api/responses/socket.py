@@ -1,0 +1,230 @@
+"""WebSocket mode of ``/v1/responses`` (what Codex uses with
+``supports_websockets = true``).
+
+One connection carries many turns. Each turn starts with a ``response.create``
+message whose body is the create request (``stream`` and ``background`` do not
+apply: every event is sent as one JSON text message). Turns run one at a time:
+a message that arrives while a turn runs waits for it.
+
+The connection remembers its last response, so the next turn can continue it
+with ``previous_response_id`` and only the new input, even with ``store:
+false``; an unknown id is a ``previous_response_not_found`` error, and a turn
+that fails forgets what was remembered (the client starts over with its full
+input). Each turn is a call of its own: admission, the prefix cache, the store
+and the access log work as for HTTP. Closing the socket cancels the running
+turn: Quart cancels the handler, and the engine stops that sequence at its
+next safepoint, as for an HTTP hang-up.
+
+``generate: false`` warms the server up for a turn that is coming (Codex sends
+it when a session starts): the prompt is prefilled (its KV is kept in the
+prefix cache) and the response, with no output, can be continued like any
+other. A turn that is silent for a while (queued, or prefilling a long prompt)
+sends ``{"type": "keepalive"}`` messages. ``response.processed`` messages
+(newer Codex versions) are ignored; other message types get an error event and
+the connection stays open.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import trio
+from quart import Blueprint, websocket
+
+from ...http.access_log import AccessRecord
+from ...http.errors import ApiError, invalid_request
+from ...jsontext import loads
+from ...serving.call import open_call_scope, services
+from ...serving.stream import produce
+from ...store import StoredResponse
+from ..validation import parse
+from .events import usage_of
+from .generate import ResponseEvents, ResponseTurn, begin, make_assembler
+from .persist import persist, record_of
+from .requests import ResponsesRequest
+
+log = logging.getLogger("mlxtrio.responses")
+
+blueprint = Blueprint("responses_socket", __name__)
+
+# Fields of the HTTP create body that mean nothing on a socket.
+TRANSPORT_FIELDS = ("type", "stream", "stream_options", "background")
+
+
+@dataclass
+class Memory:
+    """The connection's last response, as the chain that ends with it."""
+
+    chain: list[StoredResponse] = field(default_factory=list)
+
+    def recall(self, response_id: str) -> list[StoredResponse] | None:
+        if self.chain and self.chain[-1].id == response_id:
+            return self.chain
+        return None
+
+    def remember(self, chain: list[StoredResponse]) -> None:
+        self.chain = chain
+
+    def forget(self) -> None:
+        self.chain = []
+
+
+class Connection:
+    """One client's socket: its memory, and the one way events go out.
+
+    Sends are serialized (a keepalive may want to go out while the turn
+    sends). While a turn is silent - queued, or prefilling a long prompt - a
+    ``{"type": "keepalive"}`` message goes out every ``keepalive`` seconds:
+    Codex gives up on a turn after 5 minutes without a text message (protocol
+    pings do not count) and skips message types it does not know."""
+
+    def __init__(self, keepalive: float) -> None:
+        self.memory = Memory()
+        self._keepalive = keepalive
+        self._lock = trio.Lock()
+        self._last_sent = trio.current_time()
+
+    async def send(self, data: dict[str, Any]) -> None:
+        """One event as one text message. Raises if the client is gone (the
+        handler is being cancelled then anyway)."""
+        async with self._lock:
+            await websocket.send(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+            self._last_sent = trio.current_time()
+
+    async def keep_alive(self) -> None:
+        """Run beside a turn (cancelled with it)."""
+        if self._keepalive <= 0:
+            return
+        while True:
+            await trio.sleep_until(self._last_sent + self._keepalive)
+            if trio.current_time() - self._last_sent >= self._keepalive:
+                await self.send(KEEPALIVE)
+
+
+KEEPALIVE = {"type": "keepalive"}
+SERVER_BUG = ApiError(500, "internal server error", "server_error")
+# Sent by newer Codex versions after each response; nothing to do.
+IGNORED_MESSAGES = frozenset({"response.processed"})
+
+
+@blueprint.websocket("/v1/responses")
+async def responses_socket() -> None:
+    """Serve ``response.create`` messages until the client closes."""
+    await websocket.accept()
+    connection = Connection(services().settings.sse_keepalive)
+    while True:
+        message = await websocket.receive()
+        try:
+            body = _create_body(message)
+            if body is not None:
+                await _turn(body, connection)
+        except ApiError as exc:
+            log.info("WebSocket turn refused: %s %s", exc.status, exc.message)
+            connection.memory.forget()
+            await connection.send(_error_event(exc))
+        except Exception:  # a bug: this turn fails, the connection goes on
+            log.exception("WebSocket turn failed")
+            connection.memory.forget()
+            await connection.send(_error_event(SERVER_BUG))
+
+
+async def _turn(body: dict[str, Any], connection: Connection) -> None:
+    """One turn, as one call (its own access line: status 200, or the error's)."""
+    record = AccessRecord("WS", "/v1/responses response.create")
+    async with open_call_scope(services(), record) as call:
+        call.nursery.start_soon(connection.keep_alive)
+        try:
+            await _respond(body, connection)
+        except ApiError as exc:
+            record.status = exc.status
+            raise
+        record.status = 200
+
+
+async def _respond(body: dict[str, Any], connection: Connection) -> None:
+    memory = connection.memory
+    generate = body.pop("generate", True)
+    request = parse(ResponsesRequest, body)
+    run = await begin(request, memory.recall, warm_up=generate is False)
+    if generate is False:
+        await _warm_up(run, connection)
+    else:
+        await _generate(run, connection)
+    if run.response.status in ("completed", "incomplete"):
+        memory.remember([*run.turn.chain, record_of(run.turn, run.response)])
+    else:
+        memory.forget()
+
+
+async def _generate(run: ResponseTurn, connection: Connection) -> None:
+    """Stream the turn's events, one message each."""
+    delivered = False
+
+    async def send(event: str, data: dict[str, Any]) -> None:
+        await connection.send(data)
+
+    await produce(run.prepared, ResponseEvents(run, send, lambda: delivered))
+    delivered = True
+
+
+async def _warm_up(run: ResponseTurn, connection: Connection) -> None:
+    """Prefill the prompt (one token is generated and thrown away) so that
+    the turn that follows finds its KV cached; answer with a completed
+    response that has no output.
+
+    A warm-up with no messages at all (Codex's first one: tools only) is
+    answered without prefilling: chat templates put the system and developer
+    messages ahead of the tools, so the next turn's prompt would part from
+    it within a few tokens and the work would be lost."""
+    response = run.response
+    if run.turn.delta or run.turn.instructions or run.turn.request.previous_response_id:
+        prepared = run.prepared
+        prepared.sampling = replace(prepared.sampling, max_tokens=1, constraints=())
+        result = await prepared.complete(make_assembler(run.turn, response).on_segment)
+        response.usage = usage_of(result)
+    response.status = "completed"
+    response.completed_at = int(time.time())
+    response.output, response.output_text = [], ""
+    await persist(run.turn, response)
+    for number, kind in enumerate(("response.created", "response.completed")):
+        await connection.send(
+            {"type": kind, "sequence_number": number, "response": response.wire()}
+        )
+
+
+def _create_body(message: str | bytes) -> dict[str, Any] | None:
+    """The create request inside a ``response.create`` message; None for a
+    message that needs no answer; a 400 for anything else."""
+    try:
+        body = loads(message)
+    except ValueError:
+        raise invalid_request("the message is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise invalid_request("a message must be a JSON object")
+    kind = body.get("type")
+    if not isinstance(kind, str):
+        raise invalid_request('a message needs a string "type" (response.create)', "type")
+    if kind in IGNORED_MESSAGES:
+        return None
+    if kind != "response.create":
+        raise invalid_request(
+            f"unsupported message type {kind!r}: this server accepts response.create", "type"
+        )
+    return {k: v for k, v in body.items() if k not in TRANSPORT_FIELDS}
+
+
+def _error_event(exc: ApiError) -> dict[str, Any]:
+    return {
+        "type": "error",
+        "status": exc.status,
+        "error": {
+            "type": exc.type,
+            "code": exc.code,
+            "message": exc.message,
+            "param": exc.param,
+        },
+    }
