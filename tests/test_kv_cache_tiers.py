@@ -228,7 +228,7 @@ async def slow_prefill(server_factory: Any, model: str) -> Server:
 def prefilling(engine: Engine, past: int) -> bool:
     """Whether a sequence is prefilling and has more than ``past`` tokens in
     its KV (the engine's progress, as the handle reports it)."""
-    return any(past < h.prefilled < len(h.prompt) - 1 for h in engine._live_handles if not h.done)
+    return any(past < h.prefilled < len(h.prompt) - 1 for h in engine._live if not h.done)
 
 
 async def test_disk_blocks_give_the_same_greedy_output_as_cold(tmp_path: Path) -> None:
