@@ -30,6 +30,8 @@ from mlxtrio.settings import EMBEDDED_MODEL_PATH
 
 from .conftest import SCRIPTED, Server, ServerFactory
 from .test_tool_families import (
+    Turn,
+    chat_turn,
     every_api,
     family_server,
     messages_turn,
@@ -47,7 +49,12 @@ CITY = {
 TOOLS = {
     "messages": {"tools": [{"name": "get_weather", "input_schema": CITY}]},
     "responses": {"tools": [{"type": "function", "name": "get_weather", "parameters": CITY}]},
+    "chat": {
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": CITY}}]
+    },
 }
+# What a turn that made its calls ends with, by API.
+CALLED = {"messages": "tool_use", "responses": "completed", "chat": "tool_calls"}
 GREETING = {
     "type": "object",
     "properties": {
@@ -298,23 +305,29 @@ def _valid_calls(turns: dict[str, Any], only: bool = True) -> None:
         name, arguments = turn.calls[0]
         assert name == "get_weather", how
         jsonschema.validate(arguments, CITY)
-        assert turn.finish == ("tool_use" if how.startswith("messages") else "completed"), how
+        assert turn.finish == CALLED[how.split("-")[0]], how
 
 
 @pytest.mark.parametrize("choice", ["any", "tool", "required"])
 async def test_a_required_call_is_a_valid_call(scripted: Server, choice: str) -> None:
     """A model that does not want to call (it would say ``Hello world.``) and,
     forced to, would write ``Paris``: every tool choice that requires a call
-    gets one whose arguments match the schema, on both APIs, streaming or not."""
+    gets one whose arguments match the schema, on every API, streaming or not."""
     messages_choice = (
         {"type": "tool", "name": "get_weather"} if choice == "tool" else {"type": "any"}
     )
     responses_choice: Any = (
         {"type": "function", "name": "get_weather"} if choice == "tool" else "required"
     )
+    chat_choice: Any = (
+        {"type": "function", "function": {"name": "get_weather"}}
+        if choice == "tool"
+        else "required"
+    )
     extra = {
         "messages": {**TOOLS["messages"], "tool_choice": messages_choice},
         "responses": {**TOOLS["responses"], "tool_choice": responses_choice},
+        "chat": {**TOOLS["chat"], "tool_choice": chat_choice},
     }
     _valid_calls(await every_api(scripted, "PLAIN", **extra))
 
@@ -330,6 +343,7 @@ async def test_every_call_grammar_family(
     extra = {
         "messages": {**TOOLS["messages"], "tool_choice": {"type": "any"}},
         "responses": {**TOOLS["responses"], "tool_choice": "required"},
+        "chat": {**TOOLS["chat"], "tool_choice": "required"},
     }
     # The family script goes on with a second call whose opening is not the
     # marker's own token (see scripted_families): free, and not checked here.
@@ -368,16 +382,65 @@ async def test_custom_tool_input_follows_its_lark_grammar(scripted: Server) -> N
     lark.Lark(ANSWER_GRAMMAR).parse(item.input)
 
 
+async def test_chat_custom_tool_input_follows_its_lark_grammar(scripted: Server) -> None:
+    """The same on ``/v1/chat/completions``: a named custom tool's input is
+    held to its Lark grammar, and comes back as a ``custom`` tool call."""
+    tool = {
+        "type": "custom",
+        "custom": {
+            "name": "answer",
+            "format": {
+                "type": "grammar",
+                "grammar": {"syntax": "lark", "definition": ANSWER_GRAMMAR},
+            },
+        },
+    }
+    async with scripted.openai() as client:
+        completion = await client.chat.completions.create(
+            model=SCRIPTED,
+            messages=[{"role": "user", "content": "PLAIN"}],
+            tools=[tool],  # type: ignore[list-item]
+            tool_choice={"type": "custom", "custom": {"name": "answer"}},
+        )
+    (choice,) = completion.choices
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert call.type == "custom" and call.custom.name == "answer"
+    lark.Lark(ANSWER_GRAMMAR).parse(call.custom.input)
+
+
 # -- end to end: structured output -----------------------------------------------------
 
 
+async def json_schema_turn(
+    server: Server,
+    api: str,
+    stream: bool,
+    content: str,
+    schema: dict[str, Any],
+    strict: bool | None = True,
+    **extra: Any,
+) -> Turn:
+    """A turn whose answer must match ``schema``, asked for as ``api`` asks:
+    Responses' ``text.format``, Chat Completions' ``response_format``."""
+    spec: dict[str, Any] = {"name": "g", "schema": schema}
+    if strict is not None:
+        spec["strict"] = strict
+    if api == "responses":
+        text = {"format": {"type": "json_schema", **spec}}
+        return await responses_turn(server, stream, content, text=text, **extra)
+    response_format = {"type": "json_schema", "json_schema": spec}
+    return await chat_turn(server, stream, content, response_format=response_format, **extra)
+
+
+ANSWERED = {"responses": "completed", "chat": "stop"}
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
 @pytest.mark.parametrize("stream", [False, True])
-async def test_json_schema_output(scripted: Server, stream: bool) -> None:
-    text_format = {
-        "format": {"type": "json_schema", "name": "g", "schema": GREETING, "strict": True}
-    }
-    turn = await responses_turn(scripted, stream, "Hi", text=text_format)
-    assert turn.finish == "completed"
+async def test_json_schema_output(scripted: Server, stream: bool, api: str) -> None:
+    turn = await json_schema_turn(scripted, api, stream, "Hi", GREETING)
+    assert turn.finish == ANSWERED[api]
     jsonschema.validate(json.loads(turn.text), GREETING)
 
 
@@ -415,12 +478,12 @@ async def test_structured_output_after_thinking(scripted: Server) -> None:
     assert message.stop_reason == "end_turn"
 
 
-async def test_structured_output_with_a_required_call(scripted: Server) -> None:
+@pytest.mark.parametrize("api", ["responses", "chat"])
+async def test_structured_output_with_a_required_call(scripted: Server, api: str) -> None:
     """A required call is the answer; the format does not fight it."""
-    text_format = {"format": {"type": "json_schema", "name": "g", "schema": GREETING}}
-    extra = {**TOOLS["responses"], "tool_choice": "required", "text": text_format}
-    turn = await responses_turn(scripted, False, "PLAIN", **extra)
-    _valid_calls({"responses-create": turn})
+    extra = {**TOOLS[api], "tool_choice": "required"}
+    turn = await json_schema_turn(scripted, api, False, "PLAIN", GREETING, None, **extra)
+    _valid_calls({f"{api}-create": turn})
 
 
 async def test_json_object_output_on_the_embedded_model(server: Server) -> None:
@@ -494,14 +557,38 @@ async def test_unsupported_schema_features_are_named(scripted: Server) -> None:
             },
             "tools",
         ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "Hi"}],
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": UNSUPPORTED, "strict": True},
+                },
+            },
+            "response_format",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "Hi"}],
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": UNSUPPORTED, "strict": True},
+                    }
+                ],
+            },
+            "tools",
+        ),
     ]
     for path, body, param in cases:
         response = await _post(scripted, path, body)
         assert response.status_code == 400, (path, response.text)
         error = response.json()["error"]
         assert "propertyNames" in error["message"], error
-        if path == "/v1/responses":
-            assert error["param"] == param
+        if path != "/v1/messages":  # the OpenAI envelope names the field
+            assert error["param"] == param, (path, error)
 
 
 async def test_non_strict_tools_with_unsupported_features_still_work(scripted: Server) -> None:
@@ -514,6 +601,16 @@ async def test_non_strict_tools_with_unsupported_features_still_work(scripted: S
         {"input": "PLAIN", "tools": [{"type": "function", "name": "f", "parameters": UNSUPPORTED}]},
     )
     assert response.status_code == 200, response.text
+    chat = await _post(
+        scripted,
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "PLAIN"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": UNSUPPORTED}}],
+        },
+    )
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["choices"][0]["message"]["content"] == "Hello world."
 
 
 async def test_custom_tool_grammars(scripted: Server) -> None:

@@ -1,15 +1,52 @@
-"""Hang-ups at every stage stop generation: decode, prefill, queue."""
+"""Hang-ups at every stage stop generation: decode, prefill, queue - on each
+API (``/v1/responses``, ``/v1/messages``, ``/v1/chat/completions``)."""
 
 from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
+import pytest
 import trio
 
 from .conftest import SCRIPTED, RawConnection, Server, wait_until
 
 LOOP = {"model": SCRIPTED, "input": "LOOP forever", "max_output_tokens": 1_000_000}
+
+APIS = ["responses", "messages", "chat_completions"]
+# What a stream carries once the model decodes: a text delta of each API's
+# events (`` la`` is the loop's piece; the first one may be stripped).
+DECODING = {
+    "responses": b"response.output_text.delta",
+    "messages": b'"type":"text_delta"',
+    "chat_completions": b'"content":" la"',
+}
+
+
+def request(api: str, text: str, cap: int | None = None, **fields: Any) -> tuple[str, dict]:
+    """(path, body) of a one-message turn saying ``text`` on ``api``, its
+    output capped at ``cap`` tokens (the API's own field) when given."""
+    if api == "responses":
+        body: dict[str, Any] = {"model": SCRIPTED, "input": text}
+        if cap is not None:
+            body["max_output_tokens"] = cap
+        return "/v1/responses", {**body, **fields}
+    messages = [{"role": "user", "content": text}]
+    if api == "messages":
+        body = {"model": SCRIPTED, "max_tokens": cap or 64, "messages": messages}
+        return "/v1/messages", {**body, **fields}
+    body = {"model": SCRIPTED, "messages": messages}
+    if cap is not None:
+        body["max_tokens"] = cap
+    return "/v1/chat/completions", {**body, **fields}
+
+
+def loop(api: str, **fields: Any) -> tuple[str, dict]:
+    """A turn that decodes forever (the scripted model's ``LOOP``)."""
+    if api == "responses":
+        return "/v1/responses", {**LOOP, **fields}
+    return request(api, "LOOP forever", 1_000_000, **fields)
 
 
 async def assert_engine_idle_and_serving(server: Server) -> None:
@@ -21,10 +58,11 @@ async def assert_engine_idle_and_serving(server: Server) -> None:
     assert r.status_code == 200 and r.json()["output_text"] == "Hello world."
 
 
-async def test_streaming_hangup_mid_decode(scripted: Server) -> None:
+@pytest.mark.parametrize("api", APIS)
+async def test_streaming_hangup_mid_decode(scripted: Server, api: str) -> None:
     conn = await RawConnection.open(scripted)
-    await conn.post_json("/v1/responses", {**LOOP, "stream": True})
-    await conn.read_until(b"response.output_text.delta")
+    await conn.post_json(*loop(api, stream=True))
+    await conn.read_until(DECODING[api])
     await wait_until(lambda: scripted.engine.stats.generated_tokens > 20, what="decoding")
     await conn.close()
     await wait_until(lambda: scripted.engine.stats.cancelled == 1, what="cancelled")
@@ -32,9 +70,10 @@ async def test_streaming_hangup_mid_decode(scripted: Server) -> None:
     await assert_engine_idle_and_serving(scripted)
 
 
-async def test_non_streaming_hangup_mid_decode(scripted: Server) -> None:
+@pytest.mark.parametrize("api", APIS)
+async def test_non_streaming_hangup_mid_decode(scripted: Server, api: str) -> None:
     conn = await RawConnection.open(scripted)
-    await conn.post_json("/v1/responses", LOOP)
+    await conn.post_json(*loop(api))
     await wait_until(lambda: scripted.engine.stats.generated_tokens > 20, what="decoding")
     await conn.close()
     await wait_until(lambda: scripted.engine.stats.cancelled == 1, what="cancelled")
@@ -44,15 +83,16 @@ async def test_non_streaming_hangup_mid_decode(scripted: Server) -> None:
     await assert_engine_idle_and_serving(scripted)
 
 
+@pytest.mark.parametrize("api", APIS)
 async def test_hangup_during_prefill_stops_at_next_chunk(
-    server_factory, scripted_model_path
+    server_factory, scripted_model_path, api: str
 ) -> None:
     server = await server_factory(model=scripted_model_path, model_name=SCRIPTED, prefill_chunk=8)
     rng = random.Random(1)
     words = ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta"]
     long_prompt = " ".join(rng.choice(words) + str(rng.randint(0, 99)) for _ in range(6000))
     conn = await RawConnection.open(server)
-    await conn.post_json("/v1/responses", {"model": SCRIPTED, "input": long_prompt, "stream": True})
+    await conn.post_json(*request(api, long_prompt, stream=True))
     await wait_until(lambda: server.engine.stats.steps > 5, what="prefill started")
     await conn.close()
     await wait_until(lambda: server.engine.stats.cancelled == 1, what="cancelled")
@@ -64,21 +104,20 @@ async def test_hangup_during_prefill_stops_at_next_chunk(
     await assert_engine_idle_and_serving(server)
 
 
+@pytest.mark.parametrize("api", APIS)
 async def test_hangup_while_queued_costs_no_engine_work(
-    server_factory, scripted_model_path
+    server_factory, scripted_model_path, api: str
 ) -> None:
     server = await server_factory(
         model=scripted_model_path, model_name=SCRIPTED, capacity=1, waiting_room=4
     )
     lane = server.services.lanes[SCRIPTED]
     running = await RawConnection.open(server)
-    await running.post_json("/v1/responses", {**LOOP, "stream": True})
-    await running.read_until(b"response.output_text.delta")
+    await running.post_json(*loop(api, stream=True))
+    await running.read_until(DECODING[api])
     for stream in (False, True):
         queued = await RawConnection.open(server)
-        await queued.post_json(
-            "/v1/responses", {"model": SCRIPTED, "input": "hi", "stream": stream}
-        )
+        await queued.post_json(*request(api, "hi", stream=stream))
         await wait_until(lambda: lane.waiting == 1, what="queued")
         await queued.close()
         await wait_until(lambda: lane.waiting == 0, what="left the queue")

@@ -1,6 +1,7 @@
-"""Fuzzing both APIs over real sockets: whatever a client sends, the answer is a
-4xx or a success - never a 5xx, never a hang, never a traceback in the log - and
-the engine is still serving at the end.
+"""Fuzzing every API (Messages, Responses, Chat Completions) over real sockets:
+whatever a client sends, the answer is a 4xx or a success - never a 5xx, never
+a hang, never a traceback in the log - and the engine is still serving at the
+end.
 
 The server runs as ``mlxtrio serve`` in its own process (Hypothesis drives a
 synchronous client), on the scripted model with small output caps so that the
@@ -32,6 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mlxtrio.api.chat_completions.requests import ChatCompletionRequest
 from mlxtrio.api.messages.requests import MessagesRequest
 from mlxtrio.api.responses.requests import ResponsesRequest
 
@@ -121,7 +123,28 @@ def check(r: httpx.Response) -> None:
 
 def post(client: httpx.Client, path: str, body: Any) -> None:
     content = json.dumps(body) if not isinstance(body, bytes) else body
-    check(client.post(path, content=content, headers=JSON_HEADERS))
+    r = client.post(path, content=content, headers=JSON_HEADERS)
+    check(r)
+    if path == CHAT_PATH:
+        check_openai_envelope(r)
+
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+def check_openai_envelope(r: httpx.Response) -> None:
+    """A client error on an OpenAI route is JSON in OpenAI's envelope:
+    ``{"error": {"type", "message", "param", "code"}}``."""
+    if r.status_code < 400:
+        return
+    assert r.headers.get("content-type", "").startswith("application/json"), r.headers
+    body = r.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"type", "message", "param", "code"}, error
+    assert isinstance(error["type"], str) and error["type"], error
+    assert isinstance(error["message"], str) and error["message"], error
+    assert error["param"] is None or isinstance(error["param"], str), error
 
 
 # -- arbitrary JSON ----------------------------------------------------------------
@@ -221,6 +244,73 @@ RESPONSES_BASE: dict[str, Any] = {
 }
 
 
+CHAT_BASE: dict[str, Any] = {
+    "model": SCRIPTED,
+    "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "developer", "content": [{"type": "text", "text": "answer"}]},
+        {
+            "role": "user",
+            "name": "u",
+            "content": [
+                {"type": "text", "text": "hi"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "hm",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                },
+                {"id": "call_2", "type": "custom", "custom": {"name": "apply_patch", "input": "x"}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "text", "text": "ok"}]},
+    ],
+    "tools": [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                "strict": False,
+            },
+        },
+        {"type": "custom", "custom": {"name": "apply_patch", "format": {"type": "text"}}},
+    ],
+    "tool_choice": "auto",
+    "parallel_tool_calls": False,
+    "response_format": {
+        "type": "json_schema",
+        "json_schema": {"name": "r", "schema": {"type": "object"}, "strict": False},
+    },
+    "max_tokens": 4,
+    "max_completion_tokens": 4,
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "presence_penalty": 0.5,
+    "frequency_penalty": -0.5,
+    "seed": 7,
+    "stop": ["END"],
+    "n": 1,
+    "logprobs": False,
+    "stream_options": {"include_usage": True},
+    "reasoning_effort": "low",
+    "chat_template_kwargs": {"enable_thinking": False},
+    "prompt_cache_key": "k",
+    "user": "u",
+    "metadata": {"k": "v"},
+    "store": False,
+}
+
+
 def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
     yield prefix
     if isinstance(node, dict):
@@ -274,6 +364,12 @@ def test_responses_bodies_with_broken_fields(server: httpx.Client, body: Any) ->
     post(server, "/v1/responses", body)
 
 
+@settings(FUZZ, max_examples=250)
+@given(body=mutated(CHAT_BASE))
+def test_chat_completions_bodies_with_broken_fields(server: httpx.Client, body: Any) -> None:
+    post(server, CHAT_PATH, body)
+
+
 # -- bodies from the request models' JSON schemas ------------------------------------
 
 
@@ -297,6 +393,12 @@ def test_messages_bodies_from_the_schema(server: httpx.Client, body: Any) -> Non
 @given(body=from_model_schema(ResponsesRequest))
 def test_responses_bodies_from_the_schema(server: httpx.Client, body: Any) -> None:
     post(server, "/v1/responses", body)
+
+
+@settings(FUZZ, max_examples=12)
+@given(body=from_model_schema(ChatCompletionRequest))
+def test_chat_completions_bodies_from_the_schema(server: httpx.Client, body: Any) -> None:
+    post(server, CHAT_PATH, body)
 
 
 # -- raw bytes ------------------------------------------------------------------------
@@ -328,11 +430,33 @@ NASTIES = [
     b"null",
     b'"hi"',
     b"",
+    # Chat Completions: the same traps in its own fields.
+    b'{"model": "scripted", "messages": [{"role": "user", "content": "\ud800"}]}',
+    b'{"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "stop": "\udfff"}',
+    b'{"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "max_tokens": '
+    + b"9" * 5000
+    + b"}",
+    b'{"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "seed": 1e999}',
+    b'{"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "n": 1e308}',
+    b'{"model": "scripted", "messages": [{"role": "user", "content": "hi"}], '
+    b'"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": '
+    + b"[" * 100_000
+    + b"]" * 100_000
+    + b"}}}",
+    b'{"model": "scripted", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", '
+    b'"tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "'
+    + b"[" * 100_000
+    + b'"}}]}, {"role": "tool", "tool_call_id": "c", "content": "x"}]}',
+    b'{"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "tools": '
+    b'[{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}], '
+    b'"tool_choice": "required"}',
 ]
 
 
 @pytest.mark.parametrize("raw", NASTIES, ids=range(len(NASTIES)))
-@pytest.mark.parametrize("path", ["/v1/responses", "/v1/messages", "/v1/messages/count_tokens"])
+@pytest.mark.parametrize(
+    "path", ["/v1/responses", "/v1/messages", "/v1/messages/count_tokens", CHAT_PATH]
+)
 def test_nasty_bytes(server: httpx.Client, raw: bytes, path: str) -> None:
     post(server, path, raw)
 
@@ -341,6 +465,12 @@ def test_nasty_bytes(server: httpx.Client, raw: bytes, path: str) -> None:
 @given(raw=st.binary(max_size=300), path=st.sampled_from(["/v1/responses", "/v1/messages"]))
 def test_random_bytes(server: httpx.Client, raw: bytes, path: str) -> None:
     post(server, path, raw)
+
+
+@settings(FUZZ, max_examples=60)
+@given(raw=st.binary(max_size=300))
+def test_random_bytes_on_chat_completions(server: httpx.Client, raw: bytes) -> None:
+    post(server, CHAT_PATH, raw)
 
 
 @settings(FUZZ, max_examples=60)

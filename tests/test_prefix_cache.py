@@ -1,7 +1,9 @@
-"""Prefix KV cache: multi-turn reuse on both APIs, interleaving, eviction,
+"""Prefix KV cache: multi-turn reuse on every API, interleaving, eviction,
 isolation, exact reporting, and cached == cold greedy output."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 import trio
@@ -37,6 +39,77 @@ async def test_messages_stateless_resend_stays_warm(scripted: Server) -> None:
                 assert usage.cache_read_input_tokens == 0
             previous_total = prompt + usage.output_tokens
             messages.append({"role": "assistant", "content": reply.content[0].text})
+
+
+@dataclass
+class Resent:
+    """One stateless turn as its API reports it."""
+
+    text: str
+    prompt: int  # every prompt token, cached or not
+    cached: int  # the usage's cached prompt tokens
+    output: int
+    header: int  # X-Cached-Tokens
+    state: str  # X-Session-Cache
+
+
+async def _resend(server: Server, api: str, history: list[dict]) -> Resent:
+    """The whole ``history`` sent again (after the same system prompt) through
+    ``api``'s official SDK."""
+    if api == "messages":
+        async with server.anthropic() as anthropic_client:
+            raw = await anthropic_client.messages.with_raw_response.create(
+                model=SCRIPTED, max_tokens=32, system=SYSTEM, messages=history
+            )
+        reply = await raw.parse()  # the anthropic SDK's raw response parses async
+        read = reply.usage.cache_read_input_tokens or 0
+        prompt, output = reply.usage.input_tokens + read, reply.usage.output_tokens
+        text = reply.content[0].text  # type: ignore[union-attr]
+    elif api == "responses":
+        async with server.openai() as client:
+            raw = await client.responses.with_raw_response.create(
+                model=SCRIPTED, instructions=SYSTEM, input=history
+            )
+        response = raw.parse()
+        assert response.usage is not None
+        usage = response.usage
+        read, prompt = usage.input_tokens_details.cached_tokens, usage.input_tokens
+        output, text = usage.output_tokens, response.output_text
+    else:
+        async with server.openai() as client:
+            raw = await client.chat.completions.with_raw_response.create(
+                model=SCRIPTED, messages=[{"role": "system", "content": SYSTEM}, *history]
+            )
+        completion = raw.parse()
+        assert completion.usage is not None and completion.usage.prompt_tokens_details
+        read = completion.usage.prompt_tokens_details.cached_tokens or 0
+        prompt, output = completion.usage.prompt_tokens, completion.usage.completion_tokens
+        text = completion.choices[0].message.content or ""
+    headers = raw.headers
+    return Resent(
+        text, prompt, read, output, int(headers["x-cached-tokens"]), headers["x-session-cache"]
+    )
+
+
+@pytest.mark.parametrize("api", ["messages", "responses", "chat_completions"])
+async def test_stateless_resend_stays_warm_on_every_api(scripted: Server, api: str) -> None:
+    """The client resends the whole conversation each turn: every turn starts
+    from the previous one's KV, and ``X-Cached-Tokens`` (equal to the usage's
+    cached count) grows with the conversation."""
+    history: list[dict] = []
+    turns: list[Resent] = []
+    for turn in range(5):
+        history.append({"role": "user", "content": f"Question number {turn}?"})
+        sent = await _resend(scripted, api, history)
+        assert sent.header == sent.cached, (api, turn, sent)
+        assert sent.text == "Hello world.", (api, turn, sent)
+        turns.append(sent)
+        history.append({"role": "assistant", "content": sent.text})
+    assert (turns[0].header, turns[0].state) == (0, "fresh"), turns
+    for previous, sent in zip(turns, turns[1:], strict=False):
+        assert sent.header >= previous.prompt + previous.output - SLACK, (api, turns)
+        assert sent.header > previous.header, (api, turns)
+        assert sent.state == "prefix_hit", (api, turns)
 
 
 async def _responses_turns(server: Server, mode: str) -> list[tuple[int, int, int, str]]:

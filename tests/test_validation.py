@@ -1,6 +1,7 @@
 """Requests are parsed into models at the edge: every field's type and official
-range, the error envelope of each API naming the field, the edge values that
-must pass, the real clients' bodies, and the Response object's conformance."""
+range, the error envelope of each API (Messages, Responses, Chat Completions)
+naming the field, the edge values that must pass, the real clients' bodies,
+and the Response object's conformance."""
 
 from __future__ import annotations
 
@@ -266,6 +267,161 @@ async def test_responses_rejects_bad_fields_naming_them(scripted: Server) -> Non
     assert not failures, failures
 
 
+CHAT_BASE: dict[str, Any] = {"model": SCRIPTED, "messages": MESSAGE, "max_tokens": 4}
+CHAT_WEATHER = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+CALLED = [
+    {"role": "user", "content": "q"},
+    {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ],
+    },
+]
+
+# (fields replacing the base body, the error's param); the message names it too.
+CHAT_CASES: list[tuple[dict[str, Any], str]] = [
+    ({"model": 5}, "model"),
+    ({"model": ""}, "model"),
+    ({"messages": None}, "messages"),
+    ({"messages": "hi"}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": [5]}, "messages.0"),
+    ({"messages": [{"content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user"}]}, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ({"messages": [{"role": "system", "content": [5]}]}, "messages.0.content.0"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+        "messages.0.content.0.text",
+    ),
+    ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, "messages.0.content.0.type"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.tool_call_id"),
+    ({"messages": [CALLED[0], {"role": "assistant", "tool_calls": "x"}]}, "messages.1.tool_calls"),
+    (
+        {
+            "messages": [
+                CALLED[0],
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f"}}],
+                },
+            ]
+        },
+        "messages.1.tool_calls.0.function.arguments",
+    ),
+    (
+        {
+            "messages": [
+                CALLED[0],
+                {"role": "assistant", "tool_calls": [{"id": "", "function": {}}]},
+            ]
+        },
+        "messages.1.tool_calls.0.id",
+    ),
+    ({"temperature": 2.5}, "temperature"),
+    ({"temperature": -1}, "temperature"),
+    ({"temperature": "1"}, "temperature"),
+    ({"temperature": True}, "temperature"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": "0"}, "frequency_penalty"),
+    ({"seed": 2**64}, "seed"),
+    ({"seed": 1.5}, "seed"),
+    ({"seed": True}, "seed"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 2**31}, "max_tokens"),
+    ({"max_tokens": 1.5}, "max_tokens"),
+    ({"max_completion_tokens": "5"}, "max_completion_tokens"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"n": 0}, "n"),
+    ({"n": 2}, "n"),
+    ({"logprobs": "yes"}, "logprobs"),
+    ({"logprobs": True}, "logprobs"),
+    ({"top_logprobs": 21}, "top_logprobs"),
+    ({"logit_bias": {"1": 5}}, "logit_bias"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"function_call": "auto"}, "function_call"),
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ({"modalities": ["audio"]}, "modalities.0"),
+    ({"stream": "yes"}, "stream"),
+    ({"stream_options": "x"}, "stream_options"),
+    ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+    ({"stop": 5}, "stop"),
+    ({"stop": ["a", 1]}, "stop.1"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"tools": "x"}, "tools"),
+    ({"tools": [5]}, "tools.0"),
+    ({"tools": [{"function": {"name": "f"}}]}, "tools.0.type"),
+    ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),
+    ({"tools": [{"type": "function"}]}, "tools.0.function"),
+    ({"tools": [{"type": "function", "function": {}}]}, "tools.0.function.name"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+        "tools.0.function.parameters",
+    ),
+    (
+        {
+            "tools": [
+                {
+                    "type": "custom",
+                    "custom": {
+                        "name": "c",
+                        "format": {"type": "grammar", "grammar": {"definition": "x", "syntax": 5}},
+                    },
+                }
+            ]
+        },
+        "tools.0.custom.format.grammar.syntax",
+    ),
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": 5}, "tool_choice"),
+    ({"tool_choice": {"type": "function"}}, "tool_choice.function"),
+    (
+        {"tools": [CHAT_WEATHER], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+        "tool_choice",
+    ),
+    ({"parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    ({"response_format": "json"}, "response_format"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+        "response_format.json_schema.name",
+    ),
+    ({"reasoning_effort": 5}, "reasoning_effort"),
+    ({"chat_template_kwargs": "x"}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"enable_thinking": "yes"}}, "chat_template_kwargs.enable_thinking"),
+    ({"prompt_cache_key": 5}, "prompt_cache_key"),
+    ({"user": ["x"]}, "user"),
+    ({"safety_identifier": 5}, "safety_identifier"),
+]
+
+
+async def test_chat_completions_rejects_bad_fields_naming_them(scripted: Server) -> None:
+    """As on ``/v1/responses``: a 400 in the OpenAI envelope whose ``param`` is
+    the field, streaming or not (nothing is streamed before the check)."""
+    failures = []
+    async with scripted.client() as client:
+        for fields, param in CHAT_CASES:
+            for stream in (False, True):
+                body = {**CHAT_BASE, "stream": stream, **fields}
+                r = await client.post("/v1/chat/completions", json=body)
+                error = r.json().get("error") or {}
+                ok = (
+                    r.status_code == 400
+                    and r.headers["content-type"].startswith("application/json")
+                    and error.get("type") == "invalid_request_error"
+                    and error.get("param") == param
+                    and param in error.get("message", "")
+                    and "pydantic" not in error.get("message", "")
+                )
+                if not ok:
+                    failures.append((fields, stream, r.status_code, r.text[:300]))
+    assert not failures, failures
+
+
 async def test_retention_message_is_exact(scripted: Server) -> None:
     async with scripted.client() as client:
         r = await client.post(
@@ -326,6 +482,52 @@ async def test_responses_edge_values_pass_and_echo_what_was_used(
     for name, default in defaults.items():
         assert body[name] == fields.get(name, default), name
     assert body["previous_response_id"] is None
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"temperature": 2, "top_p": 0},
+        {"temperature": 0, "top_p": 1, "max_tokens": 4.0},
+        {"temperature": 1, "seed": -1},
+        {"temperature": 1, "seed": 2**64 - 1},
+        {"temperature": 1, "seed": -(2**63)},
+        {"presence_penalty": 2, "frequency_penalty": -2},
+        {"max_tokens": 2**31 - 1, "max_completion_tokens": 1},
+        {"n": 1, "logprobs": False, "top_logprobs": 0, "logit_bias": {}},
+        {"stop": "", "modalities": ["text"], "response_format": {"type": "text"}},
+        {"stop": ["", "END"], "reasoning_effort": "minimal", "parallel_tool_calls": True},
+        {
+            "tools": None,
+            "tool_choice": None,
+            "response_format": None,
+            "stop": None,
+            "stream_options": None,
+            "modalities": None,
+            "seed": None,
+            "n": None,
+        },
+        {"tools": [], "tool_choice": "none", "chat_template_kwargs": {"enable_thinking": None}},
+        # Fields that steer only OpenAI's own service: accepted, ignored.
+        {"store": False, "metadata": {"k": "v"}, "service_tier": "auto", "user": "u"},
+        {
+            "messages": [
+                {"role": "developer", "content": "be brief"},
+                {"role": "user", "name": "bob", "content": [{"type": "text", "text": "hi"}]},
+            ]
+        },
+    ],
+)
+async def test_chat_completions_edge_values_pass(scripted: Server, fields: dict[str, Any]) -> None:
+    async with scripted.client() as client:
+        r = await client.post("/v1/chat/completions", json={**CHAT_BASE, **fields})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion"
+    (choice,) = body["choices"]
+    assert choice["message"]["role"] == "assistant"
+    expected = "Hello" if fields.get("max_completion_tokens") == 1 else "Hello world."
+    assert choice["message"]["content"] == expected, body
 
 
 # -- the Response object conforms to Open Responses -----------------------------------
