@@ -23,6 +23,9 @@ most tests use, whose template picks:
 * ``<|s_stray|>``  -> (no tools offered, ``STRAY`` in the last message) the
   ``<|s_tool|>`` call; its second choice, should the tool-call marker be
   masked, is ``Hello world.``
+* ``<|s_unasked|>`` -> (reasoning off, ``UNASKED`` in any message) opens
+  ``<think>`` unasked and reasons; its second choice, should ``<think>`` be
+  masked, is ``Hello world.``
 * ``<|s_loop|>``   -> ``la la la ...`` forever (for disconnect tests)
 
 The model is loaded and run by the real engine through ``mlx_lm.load``.
@@ -75,6 +78,8 @@ CHAINS: dict[str, list[str]] = {
     "<|s_stray|>": ["<tool_call>", WEATHER_CALL, "</tool_call>"],
     # Ends its turn inside its reasoning: the answer is in there.
     "<|s_think_only|>": ["Meet", " at ten."],
+    # Reasons although nobody asked (the reasoning opener is its first choice).
+    "<|s_unasked|>": ["<think>", "Let me", " think.", "</think>", "\n\n", "Sure", "!"],
 }
 LOOP_TOKEN = " la"
 SELECTORS = [*CHAINS, "<|s_loop|>"]
@@ -90,6 +95,8 @@ EXPECTED_REASONING = "Let me think."
 _SELECT = (
     "{%- if messages and not tools and 'STRAY' in (messages[-1].content or '') -%}"
     "{{- '<|s_stray|>' -}}"
+    "{%- elif not (enable_thinking is defined and enable_thinking)"
+    " and 'UNASKED' in (messages | tojson) -%}{{- '<|s_unasked|>' -}}"
     "{%- elif messages and 'LOOP' in (messages[-1].content or '') -%}{{- '<|s_loop|>' -}}"
     "{%- elif messages and messages[-1].role == 'tool' -%}{{- '<|s_after|>' -}}"
     "{%- elif tools and messages and 'PLAIN' in (messages[-1].content or '') -%}"
@@ -165,7 +172,7 @@ def hermes_script() -> Script:
         template,
         CHAINS,
         loops={"<|s_loop|>": LOOP_TOKEN},
-        fallbacks={"<|s_stray|>": PLAIN},
+        fallbacks={"<|s_stray|>": PLAIN, "<|s_unasked|>": PLAIN},
     )
 
 

@@ -1,7 +1,7 @@
 """Every tool-call family mlx-lm parses, end to end: a scripted model per family
 (``tests/scripted_families.py``) served by the real server, driven over real
-sockets with the official ``anthropic`` and ``openai`` SDKs, on ``/v1/messages``
-and ``/v1/responses``, streaming and not.
+sockets with the official ``anthropic`` and ``openai`` SDKs, on ``/v1/messages``,
+``/v1/responses`` and ``/v1/chat/completions``, streaming and not.
 
 Also: tool choices that require a call force the family's own opening, and the
 tool-call marker is masked when no tool is offered."""
@@ -46,6 +46,9 @@ PARAMETERS = {
 }
 ANTHROPIC_TOOLS = [{"name": n, "input_schema": p} for n, p in PARAMETERS.items()]
 OPENAI_TOOLS = [{"type": "function", "name": n, "parameters": p} for n, p in PARAMETERS.items()]
+CHAT_TOOLS = [
+    {"type": "function", "function": {"name": n, "parameters": p}} for n, p in PARAMETERS.items()
+]
 # Families whose start marker cannot be masked (see maskable_marker_token).
 UNMASKABLE = {"kimi_k3"}
 
@@ -121,9 +124,48 @@ def _response_turn(response: Any, streamed: str = "") -> Turn:
     return Turn(response.output_text, calls, response.status, streamed)
 
 
+async def chat_turn(server: Server, stream: bool, content: str, **extra: Any) -> Turn:
+    """A ``/v1/chat/completions`` turn through the ``openai`` SDK (streamed:
+    the chunks' deltas put together as a client does)."""
+    request: dict[str, Any] = {
+        "model": SCRIPTED,
+        "messages": [{"role": "user", "content": content}],
+        **extra,
+    }
+    async with openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="unused", max_retries=0
+    ) as client:
+        if not stream:
+            completion = await client.chat.completions.create(**request)
+            (choice,) = completion.choices
+            calls = [
+                (call.function.name, json.loads(call.function.arguments))
+                for call in choice.message.tool_calls or []
+                if call.type == "function"
+            ]
+            return Turn(choice.message.content or "", calls, choice.finish_reason)
+        deltas: list[str] = []
+        parts: dict[int, list[str]] = {}  # call index -> [name, arguments]
+        finish = None
+        chunks = await client.chat.completions.create(**request, stream=True)
+        async for chunk in chunks:
+            for streamed in chunk.choices:
+                deltas.append(streamed.delta.content or "")
+                for call in streamed.delta.tool_calls or []:
+                    part = parts.setdefault(call.index, ["", ""])
+                    if call.function is not None:
+                        part[0] += call.function.name or ""
+                        part[1] += call.function.arguments or ""
+                finish = streamed.finish_reason or finish
+    text = "".join(deltas)
+    calls = [(name, json.loads(arguments)) for name, arguments in (parts[i] for i in sorted(parts))]
+    return Turn(text, calls, finish, text)
+
+
 async def every_api(server: Server, content: str, **extra: Any) -> dict[str, Turn]:
-    """The same turn on both APIs, streaming and not. ``extra`` holds
-    per-API request fields: ``messages={...}``, ``responses={...}``."""
+    """The same turn on every API, streaming and not. ``extra`` holds
+    per-API request fields: ``messages={...}``, ``responses={...}``,
+    ``chat={...}``."""
     turns = {}
     for stream in (False, True):
         kind = "stream" if stream else "create"
@@ -133,6 +175,7 @@ async def every_api(server: Server, content: str, **extra: Any) -> dict[str, Tur
         turns[f"responses-{kind}"] = await responses_turn(
             server, stream, content, **extra.get("responses", {})
         )
+        turns[f"chat-{kind}"] = await chat_turn(server, stream, content, **extra.get("chat", {}))
     return turns
 
 
@@ -145,6 +188,8 @@ def check(turns: dict[str, Turn], text: str, calls: list[tuple[str, Any]]) -> No
             assert turn.streamed_text == text, how
         if how.startswith("messages"):
             assert turn.finish == ("tool_use" if calls else "end_turn"), how
+        elif how.startswith("chat"):
+            assert turn.finish == ("tool_calls" if calls else "stop"), how
         else:
             assert turn.finish == "completed", how
 
@@ -154,7 +199,11 @@ async def test_two_calls_in_one_turn(
     family: str, server_factory: ServerFactory, family_model: Callable[[str], str]
 ) -> None:
     server = await family_server(server_factory, family_model, family)
-    tools = {"messages": {"tools": ANTHROPIC_TOOLS}, "responses": {"tools": OPENAI_TOOLS}}
+    tools = {
+        "messages": {"tools": ANTHROPIC_TOOLS},
+        "responses": {"tools": OPENAI_TOOLS},
+        "chat": {"tools": CHAT_TOOLS},
+    }
     check(await every_api(server, "Weather and time?", **tools), TEXT, CALLS)
 
 
@@ -175,6 +224,12 @@ async def test_required_tool_choice_opens_a_call(
         "responses": await responses_turn(
             server, True, "TEXT please", tools=OPENAI_TOOLS, tool_choice="required"
         ),
+        "chat-create": await chat_turn(
+            server, False, "TEXT please", tools=CHAT_TOOLS, tool_choice="required"
+        ),
+        "chat-stream": await chat_turn(
+            server, True, "TEXT please", tools=CHAT_TOOLS, tool_choice="required"
+        ),
     }
     for turn in forced.values():
         assert (turn.text, turn.calls) == ("", CALLS)
@@ -193,6 +248,8 @@ async def test_marker_is_masked_without_tools(
         "responses-create": await responses_turn(
             server, False, "STRAY", tools=OPENAI_TOOLS, tool_choice="none"
         ),
+        "chat-create": await chat_turn(server, False, "STRAY"),
+        "chat-stream": await chat_turn(server, True, "STRAY", tools=CHAT_TOOLS, tool_choice="none"),
     }
     check(turns, PLAIN, [])
 
@@ -206,6 +263,7 @@ async def test_hermes_model_without_tools_answers_instead_of_calling(scripted: S
     none = {
         "messages": {"tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "none"}},
         "responses": {"tools": OPENAI_TOOLS, "tool_choice": "none"},
+        "chat": {"tools": CHAT_TOOLS, "tool_choice": "none"},
     }
     check(await every_api(scripted, "STRAY", **none), PLAIN, [])
 
@@ -240,6 +298,9 @@ def constraints_for(
     conversation = Conversation(
         [Message("user", "hi")],
         [ToolSpec(name, "", p) for name, p in PARAMETERS.items()] if tools else [],
+        # Reasoning on: the reasoning opener is not masked, and what is planned
+        # is the tool calls' (and the format's) constraints alone.
+        thinking=True,
         required_tool=ToolRequirement(required) if required else None,
         output_format=output,
     )

@@ -49,6 +49,11 @@ class OutputFacts:
     call_token: int | None = None  # the tool-call start marker, when one token
     call_end_token: int | None = None  # the closing marker, when one token
     call_mask_token: int | None = None  # masking it forbids calls (and nothing else)
+    think_start_token: int | None = None  # the reasoning opener, when one token
+
+    @property
+    def reasons(self) -> bool:
+        return bool(getattr(self.tokenizer, "has_thinking", False))
 
     @classmethod
     def of(cls, model: str, loaded: LoadedModel, grammars: GrammarCompiler | None) -> OutputFacts:
@@ -59,6 +64,7 @@ class OutputFacts:
             call_token=loaded.tool_call_token,
             call_end_token=loaded.tool_call_end_token,
             call_mask_token=loaded.tool_call_mask_token,
+            think_start_token=_single(getattr(loaded.tokenizer, "think_start_tokens", None)),
         )
 
     @property
@@ -68,11 +74,19 @@ class OutputFacts:
 
 @dataclass(frozen=True)
 class OutputPlan:
-    """The constraints, and tokens that end the turn like EOS does (a call
-    marker that cannot be masked, where calls are not allowed)."""
+    """The constraints, tokens that end the turn like EOS does (a call marker
+    that cannot be masked, where calls are not allowed), and a reasoning
+    budget the plan imposes (reasoning nobody asked for, opened by the
+    template itself)."""
 
     constraints: tuple[Constraint, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    reasoning_budget: int | None = None
+
+
+# Reasoning a request did not ask for, where the model's own template opens it
+# in the prompt: bounded, so that it cannot run to the output cap.
+UNASKED_REASONING_BUDGET = 512
 
 
 def forbid(token: int) -> TextConstraint:
@@ -86,12 +100,27 @@ def forbid(token: int) -> TextConstraint:
 async def plan_output(
     facts: OutputFacts, conversation: Conversation, starts_in_reasoning: bool
 ) -> OutputPlan:
-    """What the output must look like: tool calls (see :func:`_tool_calls`)
-    and structured output. ``starts_in_reasoning``: the rendered prompt
-    opened the reasoning block, so the answer's constraints start after it.
-    Raises :class:`ConstraintError`."""
-    if not conversation.calls_allowed:
-        return _no_calls(facts)
+    """What the output must look like: reasoning only when asked (see
+    :func:`_unasked_reasoning`), tool calls (:func:`_tool_calls`) and
+    structured output. ``starts_in_reasoning``: the rendered prompt opened the
+    reasoning block, so the answer's constraints start after it. Raises
+    :class:`ConstraintError`."""
+    calls = (
+        _no_calls(facts)
+        if not conversation.calls_allowed
+        else await _calls_and_format(facts, conversation, starts_in_reasoning)
+    )
+    reasoning = _unasked_reasoning(facts, conversation, starts_in_reasoning)
+    return OutputPlan(
+        (*reasoning.constraints, *calls.constraints),
+        calls.stop_token_ids,
+        reasoning.reasoning_budget,
+    )
+
+
+async def _calls_and_format(
+    facts: OutputFacts, conversation: Conversation, starts_in_reasoning: bool
+) -> OutputPlan:
     constraints = list(await _tool_calls(facts, conversation, starts_in_reasoning))
     wanted = conversation.output_format
     if wanted is not None and _required_tools(facts, conversation) is None:
@@ -100,6 +129,22 @@ async def plan_output(
             await _structured_output(facts, conversation, starts_in_reasoning, wanted)
         )
     return OutputPlan(tuple(constraints))
+
+
+def _unasked_reasoning(
+    facts: OutputFacts, conversation: Conversation, starts_in_reasoning: bool
+) -> OutputPlan:
+    """With reasoning off, the reasoning opener is masked like the tool-call
+    marker (a model that opens it unasked may never close it, and think until
+    the output cap). A template that opens the reasoning in the prompt itself
+    keeps its reasoning, under :data:`UNASKED_REASONING_BUDGET`."""
+    if conversation.thinking or not facts.reasons:
+        return OutputPlan()
+    if starts_in_reasoning:
+        return OutputPlan(reasoning_budget=UNASKED_REASONING_BUDGET)
+    if facts.think_start_token is None:
+        return OutputPlan()
+    return OutputPlan((forbid(facts.think_start_token),))
 
 
 def _no_calls(facts: OutputFacts) -> OutputPlan:
@@ -256,3 +301,9 @@ def _reasoning_end(tokenizer: Any, starts_in_reasoning: bool) -> int | None:
     (or the closing marker is not one token)."""
     ends: list[int] = list(tokenizer.think_end_tokens or ())
     return ends[0] if starts_in_reasoning and len(ends) == 1 else None
+
+
+def _single(tokens: object) -> int | None:
+    """The one token of a marker spelled as one token, else None."""
+    ids = list(tokens) if isinstance(tokens, list | tuple) else []
+    return int(ids[0]) if len(ids) == 1 else None

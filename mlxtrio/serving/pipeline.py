@@ -157,8 +157,7 @@ async def prepare(request: TurnRequest) -> PreparedTurn:
         max_tokens=max_tokens,
         constraints=plan.constraints,
         stop_token_ids=(*request.sampling.stop_token_ids, *plan.stop_token_ids),
-        # A reasoning budget bounds the reasoning the prompt opened, only.
-        reasoning_budget=request.sampling.reasoning_budget if prompt.starts_in_reasoning else None,
+        reasoning_budget=_reasoning_budget(request, prompt, plan),
     )
     ticket = reserve_place(services().lanes[engine.name])
     cache = await lookup(engine, prompt, request.cache_domain, request.continuation)
@@ -258,6 +257,16 @@ async def _output_plan(
         return await plan_output(output_facts(engine), conversation, prompt.starts_in_reasoning)
     except ConstraintError as exc:
         raise invalid_request(exc.message, exc.param) from None
+
+
+def _reasoning_budget(request: TurnRequest, prompt: RenderedPrompt, plan: OutputPlan) -> int | None:
+    """A budget bounds only reasoning the prompt opened: the request's, when
+    it asked for reasoning; the plan's, when nobody asked for it."""
+    if not prompt.starts_in_reasoning:
+        return None
+    if request.conversation.thinking:
+        return request.sampling.reasoning_budget
+    return plan.reasoning_budget
 
 
 def reserve_place(lane: AdmissionLane) -> Ticket:

@@ -63,8 +63,11 @@ SUMMARY_INSTRUCTION = (
     "and specific. Do not call tools and do not go on with the task: only summarize."
 )
 # A summary shorter than this is not worth writing: a conversation that leaves
-# less room in the context is refused as too long (see ``_check_room``).
+# less room in the context is refused as too long.
 MIN_SUMMARY_TOKENS = 256
+# The summary's output cap when the request sets none: a summary is not an
+# essay, and a model that rambles must not hold a slot for minutes.
+SUMMARY_MAX_TOKENS = 1024
 
 
 @blueprint.route("/v1/responses/input_tokens", methods=["POST"])
@@ -120,9 +123,9 @@ def summarization(conversation: Conversation) -> Conversation:
     Tools stay shown (the rendered prefix stays the one the conversation's
     turns were generated from, so it is likely still in the prefix cache) but
     may not be called: a summary has no use for a call, and a model drawn to
-    one writes text instead."""
+    one writes text instead. Reasoning is off: the summary is the answer."""
     messages = [*conversation.messages, Message("user", SUMMARY_INSTRUCTION)]
-    return Conversation(messages, conversation.tools, conversation.thinking, calls_allowed=False)
+    return Conversation(messages, conversation.tools, thinking=False, calls_allowed=False)
 
 
 async def _summarize(turn: Turn) -> tuple[TurnResult, CacheLookup]:
@@ -134,6 +137,7 @@ async def _summarize(turn: Turn) -> tuple[TurnResult, CacheLookup]:
         turn.turn_request(),
         conversation=summarization(turn.conversation),
         min_output_tokens=MIN_SUMMARY_TOKENS,
+        default_max_tokens=SUMMARY_MAX_TOKENS,
     )
     prepared = await prepare(request)
     result = await prepared.complete(_ignore)
