@@ -27,6 +27,7 @@ HELP = {
     "model": "model path or hub id (default: the embedded model)",
     "model_name": "public name of --model",
     "capacity": "concurrent sequences per model (0: auto, from the model and the memory)",
+    "memory_limit_bytes": "memory for weights and admitted requests' KV across models (0: auto, 3/4 of RAM)",
     "waiting_room": "queued requests per model before 429",
     "prefix_cache_bytes": "prefix KV cache budget per model (-1 auto, 0 off)",
     "prefix_cache_disk_bytes": "its disk tier in data_dir/kv-cache per model (-1 auto, 0 off)",
@@ -118,6 +119,9 @@ async def serve(
     config = Config()
     config.bind = [f"{settings.host}:{settings.port}"]
     config.accesslog = None
+    # hypercorn's own lines through our handler (its default adds a second
+    # handler, and each line was printed twice).
+    config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = settings.shutdown_grace
     # A WebSocket message carries a request body: the same limit.
     config.websocket_max_message_size = settings.max_body_bytes

@@ -30,6 +30,9 @@ def configure_logging(level: str, rank: int | None = None) -> None:
     root_level = logging.getLogger().level
     for name, floor in QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(max(floor, root_level))
-    # hypercorn writes its own lines through its own handler (``--error-logfile``);
-    # passing them on to ours as well printed each twice.
-    logging.getLogger("hypercorn.error").propagate = False
+    # Under hypercorn's own command line its error logger already has a handler
+    # of its own: passing its lines on to ours as well printed each twice.
+    # (``mlxtrio serve`` hands hypercorn this logger, with no handler of its own.)
+    hypercorn = logging.getLogger("hypercorn.error")
+    if hypercorn.handlers:
+        hypercorn.propagate = False

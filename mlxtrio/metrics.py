@@ -54,12 +54,6 @@ _LIVE: list[tuple[str, str, str, Callable[[Any, Any], float]]] = [
         lambda e, lane: e.cache.index.stats.hits,
     ),
     (
-        "mlxtrio_prefix_cache_misses",
-        "Requests with no reusable prefix",
-        "counter",
-        lambda e, lane: e.cache.index.stats.misses,
-    ),
-    (
         "mlxtrio_prefix_cache_cached_tokens",
         "Prompt tokens served from the prefix cache",
         "counter",
@@ -144,6 +138,13 @@ class Metrics:
             "Time from submit to the first generated token",
             ["model"],
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=self.registry,
+        )
+        self.cache_misses = Counter(
+            "mlxtrio_prefix_cache_misses",
+            "Requests that reused less than their session's previous turn offered, by "
+            "cause: new_conversation, divergence, eviction, other_model",
+            ["model", "cause"],
             registry=self.registry,
         )
         self.registry.register(_LiveCollector(sources))

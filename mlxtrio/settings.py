@@ -61,6 +61,11 @@ class Settings:
     capacity: int = 0
     waiting_room: int = 16
 
+    # One memory budget across the served models: the weights as loaded plus
+    # the KV that admitted requests can reach (prompt + output cap) must fit
+    # in it; the prefix caches live in what is left and shrink first. 0 =
+    # auto (three quarters of physical memory).
+    memory_limit_bytes: int = 0
     # Prefix KV cache budget per model in bytes: -1 = auto (20 % of physical
     # memory, at most 16 GiB), 0 = off.
     prefix_cache_bytes: int = -1
@@ -189,6 +194,10 @@ class Settings:
             # on a world that is merely idle.
             raise SettingsError(
                 f"rank_timeout must be at least 2 seconds (got {self.rank_timeout})"
+            )
+        if self.memory_limit_bytes < 0:
+            raise SettingsError(
+                f"memory_limit_bytes must be 0 (auto) or more (got {self.memory_limit_bytes})"
             )
         if self.waiting_room < 0:
             raise SettingsError(f"waiting_room must be 0 or more (got {self.waiting_room})")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import glob
+import importlib.metadata
+import importlib.util
 import os
 import subprocess
 import sys
@@ -60,17 +62,51 @@ def _detected(env: dict[str, str]) -> str:
     return out.stdout.strip()
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's system BLAS")
-def test_the_system_openblas_is_loaded_before_mlx() -> None:
-    """Importing mlxtrio loads the system OpenBLAS (when installed) ahead of MLX,
-    so MLX multiplies through it without LD_PRELOAD; MLXTRIO_SYSTEM_BLAS=0 opts out."""
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's BLAS choice")
+def test_a_fast_blas_is_loaded_before_mlx() -> None:
+    """Importing mlxtrio loads an optimised BLAS ahead of MLX, so MLX multiplies
+    through it without LD_PRELOAD: the system OpenBLAS when installed, else the
+    pip MKL of the cpu-blas extra; MLXTRIO_SYSTEM_BLAS=0 opts out."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "OPENBLAS_CORETYPE")}
     assert _detected({**env, "MLXTRIO_SYSTEM_BLAS": "0"}) == "None"  # the wheel's own BLAS
     installed = sorted(glob.glob("/usr/lib/*-linux-gnu/libopenblas.so.0"))
-    expected = "openblas" if installed else "None"
+    pip_mkl = importlib.util.find_spec("mkl") is not None or _has_distribution("mkl")
+    expected = "openblas" if installed else "mkl" if pip_mkl else "None"
     assert _detected({**env, "MLXTRIO_SYSTEM_BLAS": "auto"}) == expected
     if installed:  # an explicit path works too
         assert _detected({**env, "MLXTRIO_SYSTEM_BLAS": installed[0]}) == "openblas"
+
+
+def _has_distribution(name: str) -> bool:
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's BLAS choice")
+def test_health_names_the_blas_in_use() -> None:
+    """``/health``'s ``blas`` says which library MLX multiplies with, found
+    from the symbol MLX binds to (not from what happens to be mapped)."""
+    code = "from mlxtrio import blas; print(blas.describe())"
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    described = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "MLXTRIO_SYSTEM_BLAS": "0"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert described == "reference (slow)"
+    detected = _detected({**env, "MLXTRIO_SYSTEM_BLAS": "auto"})
+    described = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    if detected == "mkl":
+        assert described.startswith("MKL 20") and described.endswith("(pip)")
+    elif detected == "openblas":
+        assert described.startswith("OpenBLAS 0.") and described.endswith("(system)")
 
 
 def test_a_linux_cpu_without_openblas_gets_a_hint() -> None:
@@ -80,6 +116,7 @@ def test_a_linux_cpu_without_openblas_gets_a_hint() -> None:
     hint = missing_blas_hint("bfloat16", on_cpu=True)
     if sys.platform.startswith("linux") and fast_cpu_blas() is None:
         assert hint is not None and "apt-get install libopenblas0-pthread" in hint
+        assert "mlxtrio[cpu-blas]" in hint
     else:
         assert hint is None
 

@@ -6,11 +6,15 @@ from typing import Any
 
 from quart import Blueprint, Response, jsonify
 
+from .. import blas
 from ..engine.engine import EngineState
 from ..metrics import CONTENT_TYPE
 from ..serving.call import services
 
 blueprint = Blueprint("health", __name__)
+
+# Which BLAS MLX's CPU backend multiplies with (settled when mlxtrio was imported).
+BLAS = blas.describe()
 
 
 @blueprint.route("/health", methods=["GET"])
@@ -35,7 +39,13 @@ async def health() -> Response:
             }
         )
     ok = all(e.state is EngineState.READY for e in svc.registry)
-    body = {"status": "ok" if ok else "unavailable", "models": models, "world": _world(svc)}
+    body = {
+        "status": "ok" if ok else "unavailable",
+        "models": models,
+        "blas": BLAS,
+        "memory": svc.memory.describe(),
+        "world": _world(svc),
+    }
     response = jsonify(body)
     response.status_code = 200 if ok else 503
     return response

@@ -17,6 +17,7 @@ from typing import Any, cast
 from .precision import apply_compute_dtype
 from .processors.grammar_masks import grammar_tokenizer
 from .processors.openings import TokenTexts
+from .sizing import kv_bytes_per_token
 
 log = logging.getLogger("mlxtrio.engine")
 
@@ -53,6 +54,10 @@ class LoadedModel:
     # model's turn (with thinking on, and off), longest first: the next turn's
     # prompt goes on where a prompt minus it ends.
     generation_suffixes: tuple[tuple[int, ...], ...] = ()
+    # Bytes the weights take as loaded (in ``dtype``), and bytes of KV cache
+    # one token takes across the layers (0: the config does not say).
+    weights_bytes: int = 0
+    kv_bytes_per_token: int = 0
 
     @property
     def context_length(self) -> int:
@@ -115,6 +120,8 @@ def load_model(
         fingerprint=weights_fingerprint(path, config, precision.dtype),
         plain_kv=_plain_kv(model),
         generation_suffixes=_generation_suffixes(tokenizer),
+        weights_bytes=_weights_bytes(model),
+        kv_bytes_per_token=kv_bytes_per_token(config, precision.dtype) or 0,
     )
     log.info(
         "model %s ready in %.2f s (%s, %d layers, context %d, %s)",
@@ -154,6 +161,13 @@ def weights_fingerprint(path: str, config: dict[str, Any], dtype: str) -> str:
         blob = weights.resolve().name
         digest.update(f"{weights.name}:{blob}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     return digest.hexdigest()
+
+
+def _weights_bytes(model: Any) -> int:
+    from mlx.utils import tree_flatten
+
+    weights = cast(list[tuple[str, Any]], tree_flatten(model.parameters()))
+    return sum(int(value.nbytes) for _, value in weights)
 
 
 def _plain_kv(model: Any) -> bool:

@@ -23,24 +23,23 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
+from .. import blas as cpu_blas
 from ..settings import COMPUTE_DTYPES, physical_memory
-
-# Libraries that give MLX's CPU backend a fast sgemm when they are in the process.
-_FAST_BLAS = ("libopenblas", "libmkl_rt", "libblis")
 
 # auto upcasts only while the float32 weights stay under this share of RAM.
 _MAX_WEIGHT_SHARE = 0.25
 
 
 def fast_cpu_blas() -> str | None:
-    """The optimised BLAS MLX's CPU backend multiplies with here, or None."""
+    """The optimised BLAS MLX's CPU backend multiplies with here (``accelerate``,
+    ``openblas``, ``mkl``, or another library's file name), or None."""
     if sys.platform == "darwin":
         return "accelerate"
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
+    path = cpu_blas.provider()
+    if path is None:
         return None
-    return next((name.removeprefix("lib") for name in _FAST_BLAS if name in maps), None)
+    name = Path(path).name
+    return next((kind for kind in ("mkl", "openblas", "blis") if kind in name), name)
 
 
 def choose_compute_dtype(
@@ -86,9 +85,8 @@ def missing_blas_hint(dtype: str, on_cpu: bool, blas: str | None = _DETECT) -> s
     if (fast_cpu_blas() if blas == _DETECT else blas) is not None:
         return None
     return (
-        "MLX computes this model several times faster on the CPU with the system "
-        "OpenBLAS, which mlxtrio loads when it is installed "
-        "(Debian/Ubuntu: apt-get install libopenblas0-pthread)"
+        "MLX computes this model several times faster on the CPU with an optimised "
+        f"BLAS, which mlxtrio loads when it is installed: {cpu_blas.INSTALL_HINT}"
     )
 
 

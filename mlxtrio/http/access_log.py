@@ -29,6 +29,7 @@ class AccessRecord:
     stream: bool = False
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    cache_miss: str | None = None  # why less was reused than the session offered
     generated_tokens: int | None = None
     ttft: float | None = None
     finish: str | None = None
@@ -41,6 +42,7 @@ class AccessRecord:
             ("stream", "yes" if self.stream else None),
             ("prompt", self.prompt_tokens),
             ("cached", self.cached_tokens),
+            ("miss", self.cache_miss),
             ("generated", self.generated_tokens),
             ("ttft", None if self.ttft is None else f"{self.ttft:.2f}s"),
             ("duration", f"{time.perf_counter() - self.started:.2f}s"),

@@ -20,7 +20,7 @@ log = logging.getLogger("mlxtrio.http")
 # Reachable without an API key: liveness probes and Claude Code's HEAD / warm-up.
 OPEN_PATHS = frozenset({"/", "/health", "/v1/health"})
 
-__all__ = ["client_domain", "error_response", "install", "read_json_body"]
+__all__ = ["client_domain", "client_session", "error_response", "install", "read_json_body"]
 
 
 def _current() -> tuple[str, str]:
@@ -48,6 +48,21 @@ def client_domain() -> str:
     never the key itself), else "". Cached prefixes are shared and stored
     responses are visible only within a domain."""
     return str(g.get("client_domain", ""))
+
+
+# Headers agent clients name their session by (Claude Code, Codex).
+SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "session_id")
+
+
+def client_session() -> str | None:
+    """The session the client names in its headers, if any."""
+    if has_request_context():
+        headers = request.headers
+    elif has_websocket_context():
+        headers = websocket_context.headers
+    else:
+        return None
+    return next((headers[name] for name in SESSION_HEADERS if headers.get(name)), None)
 
 
 def install(app: Quart, api_key: str, cors_origins: str = "", allowed_hosts: str = "") -> None:

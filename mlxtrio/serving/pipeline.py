@@ -10,14 +10,17 @@ background paths):
    fit the context; a prompt that cannot fit is refused from its length alone,
    before paying for its tokenization);
 3. **budget** the output: the request's cap or the default, within the room
-   left in the context (400 when less room is left than the turn needs);
+   left in the context (400 when less room is left than the turn needs), and
+   the KV memory prompt and output can reach (400 when that could not fit the
+   memory budget even with nothing else running: :mod:`.memory`);
 4. **constraints**: what the output must look like (tool calls, structured
    output; 400 for what cannot be held to), compiled off the Trio thread;
 5. **admission place** in the model's lane (429 at once when the waiting room
    is full) - before the lookup, so a request that waits for another's
    prefill holds its place meanwhile;
 6. **prefix lookup**: the longest cached prefix, pinned until the call ends, so
-   ``X-Cached-Tokens`` is exact before any header is sent.
+   ``X-Cached-Tokens`` is exact before any header is sent (and why less was
+   reused than the session's previous turn offered: :mod:`.cache_watch`).
 
 Everything that can fail because of the request fails here, as an
 :class:`~mlxtrio.http.errors.ApiError`, before a stream starts; the place and
@@ -27,9 +30,10 @@ the pinned prefix are released when the call ends, however it ends. Then
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from ..chat.conversation import Conversation
@@ -40,7 +44,7 @@ from ..engine.handle import EngineError, EngineUnavailable
 from ..engine.types import Match, SamplingParams
 from ..grammar.planning import ConstraintError, OutputPlan, plan_output
 from ..http.errors import ApiError, invalid_request, rate_limited, server_error, unavailable
-from ..http.transport import client_domain
+from ..http.transport import client_domain, client_session
 from .admission import AdmissionLane, QueueFull, Ticket
 from .call import access_record, on_call_end, services
 from .models import output_facts, resolve
@@ -65,6 +69,7 @@ class TurnRequest:
     stop_sequences: tuple[str, ...] = ()
     cache_domain: str = ""  # narrows the client's cache domain (``cache_salt``)
     continuation: bool = False  # continues a stored response (cache header wording)
+    session: str | None = None  # the conversation it belongs to (``prompt_cache_key``)
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,7 @@ class PreparedTurn:
     sampling: SamplingParams
     ticket: Ticket
     cache: CacheLookup
+    kv_bytes: int = 0  # the KV cache it can reach, held while it runs
 
     @property
     def conversation(self) -> Conversation:
@@ -107,8 +113,9 @@ class PreparedTurn:
         self, on_segment: OnSegment, on_admitted: Callable[[], Awaitable[None]] | None = None
     ) -> TurnResult:
         """Generate the turn, calling ``on_segment`` for each parsed segment:
-        waits for the admission slot (a client that leaves meanwhile costs no
-        engine work), calls ``on_admitted`` once it has it, and releases it as
+        waits for the admission slot and the memory its KV can reach (a client
+        that leaves meanwhile costs no engine work; memory that does not free
+        within a while is a 503), calls ``on_admitted`` once it has both, and releases it as
         soon as generation ends. Cancellation stops the sequence at the
         engine's next safepoint. An engine failure is a 503 (retry) or 500."""
         engine, conversation = self.engine, self.conversation
@@ -116,7 +123,7 @@ class PreparedTurn:
         try:
             result = await run_turn(
                 engine,
-                self.ticket,
+                self._admitted(),
                 self.prompt,
                 self.sampling,
                 on_segment,
@@ -136,6 +143,14 @@ class PreparedTurn:
             self.ticket.release()
         _account(engine, result)
         return result
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self) -> AsyncIterator[None]:
+        """The admission slot, then the memory its KV can reach (waiting for
+        both; a hang-up while waiting costs no engine work)."""
+        what = f"{len(self.prompt.tokens)} prompt + {self.sampling.max_tokens} output tokens"
+        async with self.ticket, services().memory.reserved_for(self.kv_bytes, what):
+            yield
 
     async def complete(self, on_segment: OnSegment) -> TurnResult:
         """:meth:`run`, for an answer sent whole: a turn the server cancelled
@@ -159,9 +174,11 @@ async def prepare(request: TurnRequest) -> PreparedTurn:
         stop_token_ids=(*request.sampling.stop_token_ids, *plan.stop_token_ids),
         reasoning_budget=_reasoning_budget(request, prompt, plan),
     )
+    kv_bytes = _kv_bytes(engine, len(prompt.tokens) + max_tokens)
     ticket = reserve_place(services().lanes[engine.name])
     cache = await lookup(engine, prompt, request.cache_domain, request.continuation)
-    return PreparedTurn(engine, request, prompt, sampling, ticket, cache)
+    _watch_cache(engine, request, prompt, cache)
+    return PreparedTurn(engine, request, prompt, sampling, ticket, cache, kv_bytes)
 
 
 async def render_for_model(model: str, conversation: Conversation) -> tuple[Engine, RenderedPrompt]:
@@ -257,6 +274,36 @@ async def _output_plan(
         return await plan_output(output_facts(engine), conversation, prompt.starts_in_reasoning)
     except ConstraintError as exc:
         raise invalid_request(exc.message, exc.param) from None
+
+
+def _kv_bytes(engine: Engine, tokens: int) -> int:
+    """The KV cache ``tokens`` tokens take on ``engine``'s model; a 400 now
+    when that could not fit the memory budget even with nothing else running."""
+    assert engine.loaded is not None
+    need = tokens * engine.loaded.kv_bytes_per_token
+    services().memory.check_fits(need, f"{tokens} tokens of prompt and output")
+    return need
+
+
+def _watch_cache(
+    engine: Engine, request: TurnRequest, prompt: RenderedPrompt, cache: CacheLookup
+) -> None:
+    """Note why a turn reused less than its session offered (log, metric,
+    access line: see :mod:`.cache_watch`)."""
+    if not engine.cache.enabled:
+        return
+    svc = services()
+    cause = svc.cache_watch.observe(
+        model=engine.name,
+        domain=cache.domain,
+        session=request.session or client_session(),
+        prompt=prompt.tokens,
+        cached=cache.cached_tokens,
+        decode=engine.tokenizer.decode,
+    )
+    if cause is not None:
+        svc.metrics.cache_misses.labels(engine.name, cause).inc()
+        access_record().cache_miss = cause
 
 
 def _reasoning_budget(request: TurnRequest, prompt: RenderedPrompt, plan: OutputPlan) -> int | None:

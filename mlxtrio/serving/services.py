@@ -10,6 +10,7 @@ from typing import Any
 
 import trio
 
+from .. import blas
 from ..chat.sealing import ReasoningSealer
 from ..engine.config import EngineConfig
 from ..engine.distributed.world import SOLO, World
@@ -21,7 +22,9 @@ from ..metrics import Metrics
 from ..settings import Settings
 from ..store import ResponseStore, StoreError
 from .admission import AdmissionLane
+from .cache_watch import CacheWatch
 from .jobs import JobRegistry
+from .memory import MemoryBudget, auto_limit, gib
 
 log = logging.getLogger("mlxtrio")
 SEALING_KEY = "reasoning-seal"  # the shared secret's name in the store
@@ -45,6 +48,12 @@ def _size_lane(lane: AdmissionLane, engine: Engine) -> None:
     lane.resize(engine.capacity)
 
 
+def _count_weights(memory: MemoryBudget, engine: Engine) -> None:
+    """The loaded weights count against the memory budget."""
+    assert engine.loaded is not None
+    memory.weights[engine.name] = engine.loaded.weights_bytes
+
+
 @dataclass
 class Services:
     settings: Settings
@@ -53,6 +62,8 @@ class Services:
     lanes: dict[str, AdmissionLane] = field(init=False)
     render_lane: AdmissionLane = field(init=False)
     metrics: Metrics = field(init=False)
+    memory: MemoryBudget = field(init=False)
+    cache_watch: CacheWatch = field(init=False)
     sealer: ReasoningSealer = field(init=False)
     jobs: JobRegistry = field(default_factory=JobRegistry)  # background responses
     store: ResponseStore | None = None  # open and usable
@@ -71,12 +82,14 @@ class Services:
             {**s.aliases, "claude-*": s.aliases.get("claude-*", s.served_model_name)}
         )
         self.lanes = {}
+        self.memory = MemoryBudget(s.memory_limit_bytes or auto_limit(), self._prefix_caches)
         config = EngineConfig.from_settings(s)
         for name, path in _model_specs(s):
             engine = Engine(name, path, config, self.world)
             self.registry.add(engine)
             lane = AdmissionLane(f"model {name!r}", engine.capacity, s.waiting_room)
             engine.on_loaded.append(partial(_size_lane, lane))
+            engine.on_loaded.append(partial(_count_weights, self.memory))
             self.lanes[name] = lane
         # Prompt rendering and tokenization (count_tokens included) are CPU work
         # beside the engines: one at a time, so they cannot starve generation.
@@ -84,7 +97,13 @@ class Services:
             "prompt rendering", 1, 2 * (s.waiting_room + MAX_CAPACITY * len(self.lanes))
         )
         self.metrics = Metrics(self._live_sources)
+        self.cache_watch = CacheWatch()
         self.sealer = ReasoningSealer.from_key_file(s.data_path / "reasoning.key")
+
+    def _prefix_caches(self) -> Iterator[tuple[Callable[[], int], Callable[[int], int]]]:
+        for engine in self.registry:
+            index = engine.cache.index
+            yield partial(getattr, index, "nbytes"), index.shrink
 
     def _live_sources(self) -> Iterator[tuple[str, Any, Any]]:
         for engine in self.registry:
@@ -98,6 +117,7 @@ class Services:
         stays 503 with the reason.
         """
         self._nursery = nursery
+        log.info("CPU BLAS: %s; memory limit %s", blas.describe(), gib(self.memory.limit))
         for engine in self.registry:
             engine.launch()
             nursery.start_soon(self._report_ready, engine)

@@ -41,6 +41,7 @@ async def create_chat_completion() -> Response:
             request.sampling(),
             max_tokens=request.output_cap,
             stop_sequences=tuple(request.stop_sequences or ()),
+            session=request.prompt_cache_key,
         )
     )
     custom = custom_tool_names(request)

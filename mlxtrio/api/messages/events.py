@@ -165,10 +165,11 @@ class MessageAssembler:
 
     async def fail(self, failure: Failure) -> None:
         """The turn failed after the stream started: close the open block, then
-        one ``error`` event; never ``message_stop``. A server shutting down is
-        ``overloaded_error`` (Claude Code retries it)."""
+        one ``error`` event; never ``message_stop``. A server shutting down, or
+        out of memory for now, is ``overloaded_error`` (Claude Code retries it)."""
         await self._close()
-        kind = "overloaded_error" if failure.kind is FailureKind.SHUTDOWN else "api_error"
+        busy = failure.error is not None and failure.error.status in (503, 529)
+        kind = "overloaded_error" if failure.kind is FailureKind.SHUTDOWN or busy else "api_error"
         error = {"type": kind, "message": failure.message}
         await self._emit("error", {"type": "error", "error": error})
 

@@ -48,6 +48,7 @@ class Turn:
             max_tokens=request.max_output_tokens,
             cache_domain=cache_domain(request),
             continuation=request.previous_response_id is not None,
+            session=request.prompt_cache_key,
         )
 
 

@@ -238,10 +238,20 @@ class PrefixIndex:
             self._drop(dropped)
         self._evict_over_budget()
 
+    def shrink(self, size: int) -> int:
+        """Evict least recently used entries (never pinned ones) until at most
+        ``size`` bytes are held, or nothing more can go; the bytes held then.
+        (The memory budget's way to make room for a request.)"""
+        self._evict_to(size)
+        return self.nbytes
+
     def _evict_over_budget(self) -> None:
+        self._evict_to(self.budget_bytes)
+
+    def _evict_to(self, size: int) -> None:
         victims = []
         for entry_id in list(self._lru):
-            if self.nbytes <= self.budget_bytes:
+            if self.nbytes <= size:
                 break
             entry = self._entries[entry_id]
             if entry.pins:
