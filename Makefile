@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint format bench bench-side bench-smoke model train eval clean
+.PHONY: run test lint format agents bench bench-side bench-smoke model train eval clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,15 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff format mlxtrio tests benchmarks tools
 	$(BIN)/ruff check --fix mlxtrio tests benchmarks tools
+
+# The release check with real agents (not part of `make test`): the agent CLIs,
+# pinned to the versions `mlxtrio launch` was checked against, in a private
+# prefix; each drives the embedded model headless through scripted tasks and
+# one line per client says how it went (tools/agents.py).
+AGENT_PACKAGES = @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 opencode-ai@1.18.33
+agents: $(STAMP)
+	npm install --prefix build/agents --no-audit --no-fund $(AGENT_PACKAGES)
+	$(BIN)/python tools/agents.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_overhead.py

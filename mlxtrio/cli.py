@@ -12,13 +12,16 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import trio
 
 from .engine.distributed.world import SOLO, World, join_world
 from .http.security import is_loopback_name
+from .launch import add_parser as add_launch_parser
+from .launch import run as run_launch
 from .logs import configure_logging
-from .settings import Settings, SettingsError, parse_aliases
+from .settings import Settings, SettingsError, parse_aliases, parse_setting
 
 log = logging.getLogger("mlxtrio")
 
@@ -27,6 +30,11 @@ HELP = {
     "model": "model path or hub id (default: the embedded model)",
     "model_name": "public name of --model",
     "capacity": "concurrent sequences per model (0: auto, from the model and the memory)",
+    "models_dir": "serve every mlx-lm model in this directory, loaded on first use",
+    "max_loaded_models": "models loaded at once (0: the memory budget decides)",
+    "keep_alive_seconds": "idle seconds before a model is unloaded (0: never)",
+    "model_keep_alive": "per-model keep-alive, name=seconds, comma-separated",
+    "pinned_models": "models never unloaded, comma-separated",
     "memory_limit_bytes": "memory for weights and admitted requests' KV across models (0: auto, 3/4 of RAM)",
     "waiting_room": "queued requests per model before 429",
     "prefix_cache_bytes": "prefix KV cache budget per model (-1 auto, 0 off)",
@@ -54,25 +62,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the OpenAI Responses and Anthropic Messages APIs")
+    add_setting_flags(serve)
+    models = sub.add_parser(
+        "models", help="list the models this configuration serves, and their states"
+    )
+    add_setting_flags(models)
+    add_launch_parser(sub)
+    return parser
+
+
+def add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting (derived from :class:`Settings`, so the two
+    cannot drift apart)."""
     for field in dataclasses.fields(Settings):
         if field.name in REPEATABLE:
             flag, text = REPEATABLE[field.name]
-            serve.add_argument(flag, action="append", dest=field.name, help=text)
+            parser.add_argument(flag, action="append", dest=field.name, help=text)
             continue
         kind = {"int": int, "float": float}.get(str(field.type), str)
-        serve.add_argument(
+        parser.add_argument(
             "--" + field.name.replace("_", "-"),
             type=kind,
             dest=field.name,
             help=HELP.get(field.name),
         )
-    sub.add_parser("models", help="list the models this configuration would serve")
-    return parser
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     overrides = {
-        f.name: getattr(args, f.name, None)
+        f.name: _flag_value(f, getattr(args, f.name, None))
         for f in dataclasses.fields(Settings)
         if f.name not in REPEATABLE
     }
@@ -81,6 +99,14 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     if getattr(args, "aliases", None):
         overrides["aliases"] = parse_aliases(",".join(args.aliases))
     return Settings.from_env(**overrides)
+
+
+def _flag_value(field: dataclasses.Field[Any], value: Any) -> Any:
+    """A flag's text as the setting's type (lists and maps are comma-separated)."""
+    kind = str(field.type)
+    if isinstance(value, str) and kind.startswith(("tuple", "Mapping")):
+        return parse_setting(field.name, kind, value)
+    return value
 
 
 EXIT_FATAL = 1  # the server stopped because it could not go on (a rank was lost)
@@ -163,12 +189,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "models":
         configure_logging(settings.log_level)
-        from .serving.services import _model_specs
-
-        for name, path in _model_specs(settings):
-            print(f"{name}\t{path}")
+        print_models(settings)
         return 0
+    if args.command == "launch":
+        return run_launch(args, settings)
     return _serve_rank(settings)
+
+
+def print_models(settings: Settings) -> None:
+    """The servable models as a table: their states as the server running at
+    the configured address reports them, else ``available``."""
+    from .serving.catalog import discover
+
+    states = _served_states(settings)
+    rows = [("NAME", "STATE", "SIZE", "CONTEXT", "FAMILY", "PATH")]
+    for spec in discover(settings):
+        rows.append(
+            (
+                spec.name,
+                states.get(spec.name, "available"),
+                f"{spec.size_bytes / (1 << 30):.2f} GiB" if spec.size_bytes else "-",
+                str(spec.context or "-"),
+                spec.family or "-",
+                spec.path,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
+            + "  "
+            + row[-1]
+        )
+
+
+def _served_states(settings: Settings) -> dict[str, str]:
+    """Each model's state as a server answering on the configured address
+    says (empty when none answers)."""
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(f"http://{settings.host}:{settings.port}/v1/models")
+    if settings.api_key:
+        request.add_header("x-api-key", settings.api_key.split(",")[0])
+    try:
+        with urllib.request.urlopen(request, timeout=1.0) as answer:
+            body = json.load(answer)
+    except (OSError, ValueError):
+        return {}
+    return {m["id"]: m.get("state", "loaded") for m in body.get("data", []) if "id" in m}
 
 
 def _serve_rank(settings: Settings) -> int:
@@ -181,8 +250,12 @@ def _serve_rank(settings: Settings) -> int:
         log.error("cannot join the distributed world: %s", exc)
         return 2
     configure_logging(settings.log_level, world.rank if world.distributed else None)
-    if world.distributed and settings.extra_models:
-        log.error("extra_models: a model served across ranks is served alone")
+    if world.distributed and (settings.extra_models or settings.models_dir):
+        log.error(
+            "%s: a model served across ranks is served alone, loaded at start; models on "
+            "demand are not available across ranks",
+            "extra_models" if settings.extra_models else "models_dir",
+        )
         return 2
     if not world.distributed:
         return trio.run(serve, settings)

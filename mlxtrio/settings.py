@@ -43,6 +43,15 @@ class Settings:
     # alias -> served model name; "*" catches any unknown name (Claude Code sends
     # claude-* names for background work).
     aliases: Mapping[str, str] = field(default_factory=dict)
+    # Models on demand: every subdirectory of models_dir holding an mlx-lm
+    # model is served under its directory's name (and so is every model in the
+    # local Hugging Face cache); a model loads on the first request naming it.
+    models_dir: str = ""
+    max_loaded_models: int = 0  # loaded at once; 0 = the memory budget alone decides
+    keep_alive_seconds: float = 300.0  # idle time before a model is unloaded; 0 = never
+    # Per model: name=seconds, comma-separated (overrides keep_alive_seconds).
+    model_keep_alive: Mapping[str, str] = field(default_factory=dict)
+    pinned_models: tuple[str, ...] = ()  # never unloaded
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -107,6 +116,10 @@ class Settings:
     store_write_timeout: float = 5.0
     store_sweep_interval: float = 300.0
     log_level: str = "info"
+
+    def keep_alive(self, model: str) -> float:
+        """Seconds ``model`` may stay idle before it is unloaded (0: never)."""
+        return float(self.model_keep_alive.get(model, self.keep_alive_seconds))
 
     @property
     def model_path(self) -> str:
@@ -195,6 +208,21 @@ class Settings:
             raise SettingsError(
                 f"rank_timeout must be at least 2 seconds (got {self.rank_timeout})"
             )
+        if self.max_loaded_models < 0:
+            raise SettingsError(
+                f"max_loaded_models must be 0 (no limit) or more (got {self.max_loaded_models})"
+            )
+        if self.keep_alive_seconds < 0:
+            raise SettingsError(
+                f"keep_alive_seconds must be 0 (never) or more (got {self.keep_alive_seconds})"
+            )
+        for name, seconds in self.model_keep_alive.items():
+            try:
+                float(seconds)
+            except ValueError:
+                raise SettingsError(
+                    f"model_keep_alive: {name}={seconds!r} is not a number of seconds"
+                ) from None
         if self.memory_limit_bytes < 0:
             raise SettingsError(
                 f"memory_limit_bytes must be 0 (auto) or more (got {self.memory_limit_bytes})"
@@ -218,15 +246,20 @@ class Settings:
                 raise SettingsError(f"{name} must be positive")
 
 
-def parse_aliases(text: str) -> dict[str, str]:
+def parse_aliases(text: str, what: str = "aliases", form: str = "alias=model") -> dict[str, str]:
     """``"a=b,claude-*=mlxtrio-tiny"`` -> ``{"a": "b", "claude-*": "mlxtrio-tiny"}``."""
     aliases: dict[str, str] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         alias, sep, target = item.partition("=")
         if not sep or not alias.strip() or not target.strip():
-            raise SettingsError(f"aliases: {item!r} is not of the form alias=model")
+            raise SettingsError(f"{what}: {item!r} is not of the form {form}")
         aliases[alias.strip()] = target.strip()
     return aliases
+
+
+def parse_setting(name: str, kind: Any, raw: str) -> Any:
+    """``raw`` (an environment variable's or a flag's text) as setting ``name``'s type."""
+    return _parse(name, kind, raw)
 
 
 def _parse(name: str, kind: Any, raw: str) -> Any:
@@ -239,7 +272,7 @@ def _parse(name: str, kind: Any, raw: str) -> Any:
         if kind.startswith("tuple"):
             return tuple(p.strip() for p in raw.split(",") if p.strip())
         if kind.startswith("Mapping"):
-            return parse_aliases(raw)
+            return parse_aliases(raw, name, "alias=model" if name == "aliases" else "name=value")
     except ValueError as exc:
         raise SettingsError(f"{ENV_PREFIX}{name.upper()}={raw!r}: {exc}") from None
     return raw

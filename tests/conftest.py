@@ -41,7 +41,9 @@ class Server:
 
     @property
     def engine(self) -> Engine:
-        return self.services.registry.default
+        engine = self.services.models.default.engine
+        assert engine is not None, "the main model is not loaded"
+        return engine
 
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, timeout=60, **kwargs)
@@ -73,10 +75,10 @@ async def start_server(nursery: trio.Nursery, **overrides: Any) -> Server:
     config.accesslog = None
     config.graceful_timeout = 1
     binds = await nursery.start(serve, app, config)
-    for engine in app.extensions["mlxtrio"].registry:
-        with trio.fail_after(60):
-            while engine.state is EngineState.LOADING:
-                await trio.sleep(0.01)
+    default = app.extensions["mlxtrio"].models.default
+    with trio.fail_after(60):
+        while default.engine is None or default.engine.state is EngineState.LOADING:
+            await trio.sleep(0.01)
     url = binds[0]
     host, port = url.removeprefix("http://").rsplit(":", 1)
     return Server(url, host, int(port), app)

@@ -241,6 +241,14 @@ def test_every_setting_has_a_working_flag() -> None:
         flag = "--" + field.name.replace("_", "-")
         if field.name in ("extra_models", "aliases"):
             continue  # repeatable flags, covered above
+        if field.name == "pinned_models":  # comma-separated lists and maps
+            args = build_parser().parse_args(["serve", flag, "a, b"])
+            assert settings_from_args(args).pinned_models == ("a", "b")
+            continue
+        if field.name == "model_keep_alive":
+            args = build_parser().parse_args(["serve", flag, "a=5,b=0"])
+            assert settings_from_args(args).model_keep_alive == {"a": "5", "b": "0"}
+            continue
         kind = {"int": int, "float": float, "str": str}[str(field.type)]
         value = samples[kind]
         if field.name == "port":

@@ -10,6 +10,7 @@ from .. import blas
 from ..engine.engine import EngineState
 from ..metrics import CONTENT_TYPE
 from ..serving.call import services
+from ..serving.residency import Resident
 
 blueprint = Blueprint("health", __name__)
 
@@ -21,24 +22,9 @@ BLAS = blas.describe()
 @blueprint.route("/v1/health", methods=["GET"])
 async def health() -> Response:
     svc = services()
-    models = []
-    for engine in svc.registry:
-        lane = svc.lanes[engine.name]
-        loaded = engine.loaded
-        models.append(
-            {
-                "id": engine.name,
-                "state": engine.state.value,
-                "error": engine.error,
-                "load_seconds": loaded.load_seconds if loaded else None,
-                "dtype": loaded.dtype if loaded else None,
-                "active_sequences": engine.active_sequences,
-                "queued_requests": lane.waiting,
-                "capacity": lane.capacity,
-                "steps": engine.stats.steps,
-            }
-        )
-    ok = all(e.state is EngineState.READY for e in svc.registry)
+    models = [_model(resident) for resident in svc.models]
+    serving = [r.engine for r in svc.models if r.engine is not None]
+    ok = bool(serving) and all(e.state is EngineState.READY for e in serving)
     body = {
         "status": "ok" if ok else "unavailable",
         "models": models,
@@ -49,6 +35,32 @@ async def health() -> Response:
     response = jsonify(body)
     response.status_code = 200 if ok else 503
     return response
+
+
+def _model(resident: Resident) -> dict[str, Any]:
+    """One served model: its state and, while loaded, its engine's figures;
+    while loading, how many bytes of its weights were read of the total."""
+    engine = resident.engine
+    entry: dict[str, Any] = {"id": resident.name, "state": resident.state.value}
+    if engine is None:
+        return entry
+    loaded = engine.loaded
+    progress = engine.load_progress
+    entry.update(
+        {
+            "state": engine.state.value,
+            "error": engine.error,
+            "load_seconds": loaded.load_seconds if loaded else None,
+            "dtype": loaded.dtype if loaded else None,
+            "active_sequences": engine.active_sequences,
+            "queued_requests": resident.lane.waiting,
+            "capacity": resident.lane.capacity,
+            "steps": engine.stats.steps,
+        }
+    )
+    if loaded is None and progress.total_bytes:
+        entry["load"] = {"read_bytes": progress.done_bytes, "total_bytes": progress.total_bytes}
+    return entry
 
 
 @blueprint.route("/", methods=["GET", "HEAD"])
@@ -66,7 +78,8 @@ def _world(svc: Any) -> dict[str, Any]:
     are several, each one's state as of the latest lock-step round."""
     world: dict[str, Any] = {"size": svc.world.size}
     if svc.world.distributed:
-        engine = svc.registry.default
+        engine = svc.models.default.engine
+        assert engine is not None
         pids = engine.rank_pids
         world["ranks"] = [
             {

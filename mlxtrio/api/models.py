@@ -17,8 +17,11 @@ One body answers every client that reads it:
   neither falls back to its default metadata (and warns) nor guesses a
   272k-token window.
 
-Limits come from the loaded model (``max_position_embeddings``, or the
-server's ``CONTEXT_LENGTH`` when smaller) and its ``MAX_OUTPUT_TOKENS``; they are absent while a model is still loading.
+Limits come from the model (``max_position_embeddings``, or the server's
+``CONTEXT_LENGTH`` when smaller) and ``MAX_OUTPUT_TOKENS``. Every servable
+model is listed with its ``state`` (``available``, ``loading``, ``loaded``),
+its weights' ``size_bytes`` on disk and its ``family``; ``POST /v1/models/load``
+and ``/v1/models/unload`` (``{"model": ...}``) load and unload one.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ from typing import Any
 
 from quart import Blueprint, Response, current_app, jsonify, request
 
-from ..engine.engine import Engine
-from ..engine.registry import UnknownModel
-from ..http.errors import invalid_request, not_found
+from ..http.errors import ApiError, invalid_request
+from ..http.transport import read_json_body
 from ..serving.call import services
+from ..serving.models import known
+from ..serving.residency import Resident, UnknownModel
 
 blueprint = Blueprint("models", __name__)
 
@@ -66,35 +70,65 @@ async def list_models() -> Response:
 
 @blueprint.route("/v1/models/<path:model_id>", methods=["GET"])
 async def retrieve_model(model_id: str) -> Response:
-    registry = services().registry
-    try:
-        engine = registry.resolve(model_id)
-    except UnknownModel as exc:
-        raise not_found(str(exc)) from None
-    entry = _entry(model_id, engine)
-    if model_id != engine.name:
-        entry["alias_of"] = engine.name
+    resident = known(model_id)
+    entry = _entry(model_id, resident)
+    if model_id != resident.name:
+        entry["alias_of"] = resident.name
     return jsonify(entry)
+
+
+@blueprint.route("/v1/models/load", methods=["POST"])
+async def load_model() -> Response:
+    """Load a model now (scripts and tools: before the first request needs it).
+    Answers once it is loaded, with its entry; 429 or 503 as a request would."""
+    resident = known(_model_field(await read_json_body()))
+    await services().models.load(resident)
+    return jsonify(_entry(resident.name, resident))
+
+
+@blueprint.route("/v1/models/unload", methods=["POST"])
+async def unload_model() -> Response:
+    """Unload a model now, freeing its memory (its disk KV tier stays). A
+    model with requests in flight is not unloaded: 409."""
+    resident = known(_model_field(await read_json_body()))
+    if not resident.idle:
+        raise ApiError(
+            409,
+            f"model {resident.name!r} is in use ({resident.users} request(s)); unload it "
+            "once they are done",
+            "invalid_request_error",
+            param="model",
+        )
+    await services().models.unload(resident, "asked to")
+    return jsonify(_entry(resident.name, resident))
+
+
+def _model_field(body: Any) -> str:
+    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(model, str) or not model:
+        raise invalid_request('the body must be a JSON object with a "model" string', "model")
+    return model
 
 
 def _entries() -> list[dict[str, Any]]:
     """One entry per served model, then one per alias that is not a pattern."""
-    registry = services().registry
-    entries = [_entry(engine.name, engine) for engine in registry]
-    for alias, target in registry.aliases.items():
-        if any(c in alias for c in "*?[") or alias in registry.names():
+    models = services().models
+    entries = [_entry(resident.name, resident) for resident in models]
+    for alias, target in models.aliases.items():
+        if any(c in alias for c in "*?[") or alias in models.names():
             continue
         try:
-            engine = registry.resolve(alias)
+            resident = models.resolve(alias)
         except UnknownModel:
             continue  # an alias of a model that is not served answers 404 anyway
-        entries.append({**_entry(alias, engine), "alias_of": target})
+        entries.append({**_entry(alias, resident), "alias_of": target})
     return entries
 
 
-def _entry(name: str, engine: Engine) -> dict[str, Any]:
-    context = engine.context_length if engine.loaded else None
+def _entry(name: str, resident: Resident) -> dict[str, Any]:
+    context = _context(resident)
     output = min(services().settings.max_output_tokens, context) if context else None
+    spec = resident.spec
     return {
         # OpenAI
         "id": name,
@@ -110,7 +144,25 @@ def _entry(name: str, engine: Engine) -> dict[str, Any]:
         # Both, by the names most OpenAI-compatible tools read
         "context_window": context,
         "max_output_tokens": output,
+        # Models on demand
+        "state": resident.state.value,
+        "size_bytes": spec.size_bytes,
+        "family": spec.family,
+        "pinned": resident.pinned,
     }
+
+
+def _context(resident: Resident) -> int | None:
+    """The context served: the loaded model's, else what its config says,
+    within the server's CONTEXT_LENGTH."""
+    engine = resident.engine
+    if engine is not None and engine.loaded is not None:
+        return engine.context_length
+    own = resident.spec.context
+    limit = services().settings.context_length
+    if own is None:
+        return None
+    return min(own, limit) if limit > 0 else own
 
 
 def _page(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
@@ -148,14 +200,14 @@ def _codex_model_info(entry: dict[str, Any], rank: int) -> dict[str, Any]:
     Codex then sends no ``instructions``, as with its fallback (its guidance
     goes into developer messages). Input is text only: no model served here
     reads images."""
-    registry = services().registry
-    engine = registry.resolve(entry["id"])
-    thinks = bool(getattr(engine.tokenizer, "has_thinking", False))
+    engine = services().models.resolve(entry["id"]).engine
+    tokenizer = engine.tokenizer if engine is not None else None
+    thinks = bool(getattr(tokenizer, "has_thinking", False))
     context = entry["context_window"]
     info: dict[str, Any] = {
         "slug": entry["id"],
         "display_name": entry["id"],
-        "description": f"{engine.name} served by mlxtrio"
+        "description": f"{entry.get('alias_of') or entry['id']} served by mlxtrio"
         + (f" ({context}-token context)" if context else ""),
         "default_reasoning_level": "medium" if thinks else None,
         "supported_reasoning_levels": _THINKING_LEVELS if thinks else [],

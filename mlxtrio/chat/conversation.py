@@ -62,7 +62,8 @@ class Message:
         """The shape the chat template reads."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.reasoning:
-            out["reasoning_content"] = self.reasoning
+            # Qwen-style templates read reasoning_content; gpt-oss's, thinking.
+            out["reasoning_content"] = out["thinking"] = self.reasoning
         if self.tool_calls:
             out["tool_calls"] = [
                 {
@@ -138,3 +139,24 @@ class Conversation:
     # False: the tools are shown (the prompt stays the one earlier turns were
     # rendered with, for the prefix cache) but the model may not call them.
     calls_allowed: bool = True
+    # How hard a model that takes an effort should reason (gpt-oss's Harmony
+    # system message): "low", "medium" or "high"; None: the template's default.
+    reasoning_effort: str | None = None
+
+
+EFFORTS = ("low", "medium", "high")
+
+
+def effort_level(effort: str | None) -> str | None:
+    """An API's effort name as the levels templates know: ``minimal`` and
+    ``none`` are ``low``, ``xhigh`` is ``high``; anything else unknown is None."""
+    if effort is None:
+        return None
+    return {"minimal": "low", "none": "low", "xhigh": "high"}.get(
+        effort, effort if effort in EFFORTS else None
+    )
+
+
+def effort_for_budget(budget_tokens: int) -> str:
+    """Anthropic's ``thinking.budget_tokens`` as an effort level."""
+    return "low" if budget_tokens < 4096 else "medium" if budget_tokens < 16384 else "high"

@@ -42,12 +42,16 @@ def render_sync(
         messages = _asking_for(conversation.output_format, messages)
     tools = [t.template_dict() for t in conversation.tools] or None
     try:
-        tokens = _rendered(tokenizer, messages, tools, True, conversation.thinking)
+        tokens = _rendered(
+            tokenizer, messages, tools, True, conversation.thinking, conversation.reasoning_effort
+        )
     except Exception as exc:  # Jinja raises many types; all mean "cannot render"
         raise PromptError(f"cannot render the conversation with the chat template: {exc}") from exc
     system_end = 0
     if find_system_end:
-        system_end = _system_end(tokenizer, messages, tools, conversation.thinking, tokens)
+        system_end = _system_end(
+            tokenizer, messages, tools, conversation.thinking, tokens, conversation.reasoning_effort
+        )
     return RenderedPrompt(tokens, ends_in_open_think(tokenizer, tokens), system_end)
 
 
@@ -57,9 +61,11 @@ def _rendered(
     tools: list[dict[str, Any]] | None,
     generation: bool,
     thinking: bool | None,
+    effort: str | None = None,
 ) -> list[int]:
+    extra = {"reasoning_effort": effort} if effort is not None else {}
     tokens = tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=generation, enable_thinking=thinking
+        messages, tools=tools, add_generation_prompt=generation, enable_thinking=thinking, **extra
     )
     if isinstance(tokens, dict):  # some tokenizers return a BatchEncoding
         tokens = tokens["input_ids"]
@@ -72,6 +78,7 @@ def _system_end(
     tools: list[dict[str, Any]] | None,
     thinking: bool | None,
     tokens: list[int],
+    effort: str | None = None,
 ) -> int:
     """Where the system prompt ends in ``tokens``: where they part from the
     system messages followed by an empty user message (mlx-lm's server finds
@@ -81,7 +88,12 @@ def _system_end(
         return 0
     try:
         bare = _rendered(
-            tokenizer, [*messages[:count], {"role": "user", "content": ""}], tools, False, thinking
+            tokenizer,
+            [*messages[:count], {"role": "user", "content": ""}],
+            tools,
+            False,
+            thinking,
+            effort,
         )
     except Exception:  # a template that will not render that: no boundary
         return 0

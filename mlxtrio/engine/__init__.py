@@ -7,7 +7,7 @@ mlx-lm's ``BatchGenerator``), :mod:`.handle` (one generation, seen from Trio),
 when), :mod:`.types` (plain data both sides read), :mod:`.model` (loading),
 :mod:`.supervisor` (states, restarts, world failure), :mod:`.config`,
 :mod:`.sequence`, :mod:`.pacing`, :mod:`.sizing`, :mod:`.precision`,
-:mod:`.memory` and :mod:`.registry`.
+and :mod:`.memory`.
 
 By ownership:
 

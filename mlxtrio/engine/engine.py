@@ -37,6 +37,7 @@ good: :meth:`watch_ranks` returns, and the server shuts down.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import queue
@@ -47,6 +48,7 @@ from typing import Any
 
 import trio
 
+from .cache.kv_store import KVStore
 from .cache.prefix_cache import PrefixCache
 from .commands import Cancel, Command, Shutdown, Submit
 from .config import EngineConfig
@@ -55,11 +57,12 @@ from .distributed.ranks import RankPlan, open_ranks, resolved_capacity
 from .distributed.world import SOLO, Link, World
 from .handle import EngineError, EngineUnavailable, GenerationHandle, LiveHandles
 from .loop import EngineLoop, HandleEvent, LoopSettings
+from .memory import release_buffers
 from .model import LoadedModel, load_model
 from .schedule import LocalSchedule, Schedule
 from .sizing import MIN_CAPACITY
 from .supervisor import EngineState, Supervisor
-from .types import EngineStats, Entry, GenerationStats, Match, SamplingParams
+from .types import EngineStats, Entry, GenerationStats, LoadProgress, Match, SamplingParams
 
 log = logging.getLogger("mlxtrio.engine")
 
@@ -98,6 +101,8 @@ class Engine:
         self._ready = trio.Event()
         self._live = LiveHandles()  # submitted, not yet terminated
         self.supervisor = Supervisor(self, config.rank_timeout)
+        self.load_progress = LoadProgress()
+        self._unloading = False
         # Each rank holds its own shard of every block, and rank 0 reads blocks
         # from disk before a request starts: the others could not.
         disk_bytes = 0 if world.distributed else config.prefix_cache_disk_bytes
@@ -197,15 +202,18 @@ class Engine:
         with trio.move_on_after(DRAIN_SETTLE):
             await self._live.wait_idle()
 
-    async def stop(self, grace: float) -> None:
+    async def stop(self, grace: float, unload: bool = False) -> None:
         """:meth:`drain`, then join the engine thread. Every handle still open
-        afterwards gets its terminal event here.
+        afterwards gets its terminal event here. With ``unload`` the thread
+        lets go of the model's weights and in-memory KV as it ends, and gives
+        the memory back to the system (the engine cannot serve again).
 
         Safe to call more than once, and on an engine that failed to load.
         """
         if self._thread is None:
             return
         await self.drain(grace)
+        self._unloading = unload
         self._commands.put(Shutdown())
         thread = self._thread
         # A failed world's thread may be blocked in a collective for good.
@@ -326,7 +334,10 @@ class Engine:
             if self.world.distributed:
                 schedule = self._open_ranks()
             elif self.loaded is None:
-                self.loaded = load_model(self.name, self.path, self.settings.compute_dtype)
+                self.load_progress.started = time.monotonic()
+                self.loaded = load_model(
+                    self.name, self.path, self.settings.compute_dtype, progress=self.load_progress
+                )
                 self.cache.open_disk(self.loaded, f"{self.path} ({self.loaded.dtype})", self._post)
                 self._size_batch(resolved_capacity(self._loop_settings.capacity, self.loaded))
             assert self.loaded is not None
@@ -342,6 +353,9 @@ class Engine:
             )
             self._post(self._on_serving)
             loop.run()
+            del loop  # it holds the model and the batch's buffers
+            if self._unloading:
+                self._free_model()
         except BaseException as exc:  # the thread must report, never die silently
             error = f"{type(exc).__name__}: {exc}"
             if self.world.distributed:
@@ -352,6 +366,16 @@ class Engine:
                 log.exception("engine thread for %s died", self.name)
         finally:
             self._post(self._on_thread_exit, error)
+
+    def _free_model(self) -> None:
+        """Unloading (engine thread, the loop over): let go of the weights and
+        the prefix cache's KV in memory (the disk tier stays, so a reload
+        starts warm), and give the memory back to the system."""
+        self.loaded = None
+        self.cache.kv.memory = KVStore()
+        gc.collect()
+        self.stats.mlx_active_bytes = release_buffers()
+        log.info("model %s unloaded", self.name)
 
     def _size_batch(self, capacity: int) -> None:
         """Set the batch size (engine thread, before serving: the Trio side

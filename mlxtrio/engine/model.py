@@ -14,10 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
+from .harmony import harmony_tokenizer, is_harmony, marker_ids
 from .precision import apply_compute_dtype
 from .processors.grammar_masks import grammar_tokenizer
 from .processors.openings import TokenTexts
 from .sizing import kv_bytes_per_token
+from .types import LoadProgress
 
 log = logging.getLogger("mlxtrio.engine")
 
@@ -58,6 +60,8 @@ class LoadedModel:
     # one token takes across the layers (0: the config does not say).
     weights_bytes: int = 0
     kv_bytes_per_token: int = 0
+    # A Harmony model (gpt-oss): its markers' token ids (see .harmony).
+    harmony: dict[str, int] | None = None
 
     @property
     def context_length(self) -> int:
@@ -67,25 +71,51 @@ class LoadedModel:
 Checkpoint = tuple[Any, Any, dict[str, Any]]  # mlx-lm's model, tokenizer and config
 
 
-def read_checkpoint(path: str) -> Checkpoint:
-    """The whole model at ``path`` (a local directory or hub id), through mlx-lm."""
+READ_GRAIN = 64 << 20  # bytes of weights read between two progress updates
+
+
+def read_checkpoint(path: str, progress: LoadProgress | None = None) -> Checkpoint:
+    """The whole model at ``path`` (a local directory or hub id), through
+    mlx-lm; its weights read in slices, counted in ``progress``."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
     from mlx_lm import load
 
-    return cast(Checkpoint, load(path, return_config=True))
+    model, tokenizer, config = cast(Checkpoint, load(path, lazy=True, return_config=True))
+    weights = [value for _, value in cast(list[tuple[str, Any]], tree_flatten(model.parameters()))]
+    progress = progress or LoadProgress()
+    progress.total_bytes = sum(int(w.nbytes) for w in weights)
+    batch: list[Any] = []
+    size = 0
+    for weight in weights:
+        batch.append(weight)
+        size += int(weight.nbytes)
+        if size >= READ_GRAIN:
+            mx.eval(*batch)
+            progress.done_bytes += size
+            batch, size = [], 0
+    mx.eval(*batch)
+    progress.done_bytes = progress.total_bytes
+    return model, tokenizer, config
 
 
 def load_model(
     name: str,
     path: str,
     compute_dtype: str,
-    read: Callable[[str], Checkpoint] = read_checkpoint,
+    read: Callable[[str], Checkpoint] | None = None,
+    progress: LoadProgress | None = None,
 ) -> LoadedModel:
     """Load ``path`` with ``read`` and pick its compute type (a distributed
     world reads each rank's shard instead: see
     :func:`.distributed.ranks.read_shard`)."""
     log.info("loading model %s from %s", name, path)
     started = time.perf_counter()
-    model, tokenizer, config = read(path)
+    model, tokenizer, config = read(path) if read is not None else read_checkpoint(path, progress)
+    harmony = marker_ids(tokenizer) if is_harmony(config, tokenizer) else None
+    if harmony is not None:
+        tokenizer = harmony_tokenizer(tokenizer)
+        log.info("model %s writes the Harmony format (gpt-oss)", name)
     # Built now rather than at the first request that needs it, which would
     # stall every running sequence while a large vocabulary is decoded.
     texts = TokenTexts.from_tokenizer(tokenizer)
@@ -121,6 +151,7 @@ def load_model(
         plain_kv=_plain_kv(model),
         generation_suffixes=_generation_suffixes(tokenizer),
         weights_bytes=_weights_bytes(model),
+        harmony=harmony,
         kv_bytes_per_token=kv_bytes_per_token(config, precision.dtype) or 0,
     )
     log.info(

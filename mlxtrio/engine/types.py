@@ -104,6 +104,16 @@ class GenerationEvent:
 
 
 @dataclass
+class LoadProgress:
+    """How far a model's load has got: bytes of weights read so far, of the
+    total (written by the engine thread, read by ``/health``)."""
+
+    total_bytes: int = 0
+    done_bytes: int = 0
+    started: float | None = None  # time.monotonic() when the load began
+
+
+@dataclass
 class EngineStats:
     """Engine-wide counters, read by tests, /health and /metrics."""
 

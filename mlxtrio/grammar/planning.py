@@ -22,6 +22,7 @@ from ..engine.model import LoadedModel
 from ..engine.types import GrammarConstraint, TextConstraint
 from .build import ANY_OBJECT, CALL_GRAMMARS, ToolGrammar, call_grammar, output_grammar
 from .compiler import GrammarCompiler, GrammarError
+from .harmony import channel_grammar, turn_grammar
 from .shapes import CallShape, call_shape, tool_family
 
 log = logging.getLogger("mlxtrio.grammar")
@@ -50,6 +51,7 @@ class OutputFacts:
     call_end_token: int | None = None  # the closing marker, when one token
     call_mask_token: int | None = None  # masking it forbids calls (and nothing else)
     think_start_token: int | None = None  # the reasoning opener, when one token
+    harmony: dict[str, int] | None = None  # a Harmony model's marker ids
 
     @property
     def reasons(self) -> bool:
@@ -65,6 +67,7 @@ class OutputFacts:
             call_end_token=loaded.tool_call_end_token,
             call_mask_token=loaded.tool_call_mask_token,
             think_start_token=_single(getattr(loaded.tokenizer, "think_start_tokens", None)),
+            harmony=loaded.harmony,
         )
 
     @property
@@ -105,6 +108,8 @@ async def plan_output(
     structured output. ``starts_in_reasoning``: the rendered prompt opened the
     reasoning block, so the answer's constraints start after it. Raises
     :class:`ConstraintError`."""
+    if facts.harmony is not None:
+        return OutputPlan(await _harmony(facts, conversation))
     calls = (
         _no_calls(facts)
         if not conversation.calls_allowed
@@ -145,6 +150,48 @@ def _unasked_reasoning(
     if facts.think_start_token is None:
         return OutputPlan()
     return OutputPlan((forbid(facts.think_start_token),))
+
+
+async def _harmony(facts: OutputFacts, conversation: Conversation) -> tuple[Constraint, ...]:
+    """A Harmony model's messages: one grammar armed at every ``<|channel|>``
+    (:mod:`.harmony`), holding calls to the offered tools and their
+    schemas, a required call, a structured answer."""
+    ids = facts.harmony
+    grammars = facts.grammars
+    assert ids is not None
+    wanted = conversation.output_format
+    if grammars is None:
+        if wanted is not None:
+            raise ConstraintError(
+                f"model {facts.model!r} cannot be constrained to a format (the grammar engine "
+                "cannot read its tokenizer)",
+                wanted.param,
+            )
+        return ()
+    required = _required_tools(facts, conversation) if conversation.calls_allowed else None
+    offered = conversation.tools if conversation.calls_allowed else []
+    callable_tools = [t for t in offered if required is None or t.name in required]
+    tools = [await _tool_grammar(grammars, tool) for tool in callable_tools]
+    output = None
+    if wanted is not None and required is None:
+        if wanted.schema is not None:
+            error = await grammars.check_schema(wanted.schema, wanted.strict)
+            if error:
+                raise ConstraintError(f"the schema cannot be enforced: {error}", wanted.param)
+        output = (wanted.schema, wanted.strict)
+    whole_turn = required is not None or output is not None
+    text = (
+        turn_grammar(ids, tools, required=required is not None, output=output)
+        if whole_turn
+        else channel_grammar(ids, tools)
+    )
+    try:
+        matcher = await grammars.matcher(text)
+    except GrammarError as exc:
+        raise ConstraintError(f"the output cannot be constrained: {exc}", "tools") from None
+    if whole_turn:
+        return (GrammarConstraint(matcher, source=text),)
+    return (GrammarConstraint(matcher, after=ids["<|channel|>"], repeat=True, source=text),)
 
 
 def _no_calls(facts: OutputFacts) -> OutputPlan:

@@ -7,22 +7,34 @@ import weakref
 
 from ..engine.engine import Engine, EngineState
 from ..engine.model import LoadedModel
-from ..engine.registry import UnknownModel
 from ..grammar.compiler import GrammarCompiler
 from ..grammar.planning import OutputFacts
 from ..http.errors import ApiError, not_found, unavailable
-from .call import access_record, services
+from .call import access_record, on_call_end, services
+from .residency import Resident, UnknownModel
 
 
-def resolve(model: str) -> Engine:
-    """The engine serving ``model`` (a name or an alias): a 404 for a name the
-    server does not know, a 503 while it cannot serve (loading, restarting,
-    failed)."""
+def known(model: str) -> Resident:
+    """The served model ``model`` names (a name or an alias); a 404 for a
+    name the server does not know. Loads nothing."""
     try:
-        engine = services().registry.resolve(model)
+        return services().models.resolve(model)
     except UnknownModel as exc:
         raise not_found(str(exc)) from None
-    access_record().model = engine.name
+
+
+async def resolve(model: str) -> Engine:
+    """The engine serving ``model``, loaded first if it is not (see
+    :meth:`.residency.Residency.acquire`): a 404 for a name the server does
+    not know, a 429 when too many wait for its load, a 503 while it cannot
+    serve (no room to load it, restarting, failed). The model counts as in
+    use until the call ends: it is not unloaded meanwhile. Cancellation: the
+    wait for a load stops; the load goes on."""
+    resident = known(model)
+    residency = services().models
+    on_call_end(residency.use(resident))
+    access_record().model = resident.name
+    engine = await residency.acquire(resident)
     if engine.state is EngineState.LOADING:
         raise unavailable(f"Model {engine.name!r} is still loading; retry shortly")
     if engine.state is EngineState.RESTARTING:

@@ -184,7 +184,7 @@ async def prepare(request: TurnRequest) -> PreparedTurn:
 async def render_for_model(model: str, conversation: Conversation) -> tuple[Engine, RenderedPrompt]:
     """Steps 1 and 2: the engine and the prompt's token ids, exactly as
     generation would render them (what token counting answers)."""
-    engine = resolve(model)
+    engine = await resolve(model)
     return engine, await render_prompt(engine, conversation)
 
 

@@ -15,16 +15,16 @@ from ..chat.sealing import ReasoningSealer
 from ..engine.config import EngineConfig
 from ..engine.distributed.world import SOLO, World
 from ..engine.engine import Engine
-from ..engine.handle import EngineError
-from ..engine.registry import ModelRegistry
 from ..engine.sizing import MAX_CAPACITY
 from ..metrics import Metrics
 from ..settings import Settings
 from ..store import ResponseStore, StoreError
 from .admission import AdmissionLane
 from .cache_watch import CacheWatch
+from .catalog import ModelSpec, configured, discover
 from .jobs import JobRegistry
 from .memory import MemoryBudget, auto_limit, gib
+from .residency import Residency, Resident
 
 log = logging.getLogger("mlxtrio")
 SEALING_KEY = "reasoning-seal"  # the shared secret's name in the store
@@ -32,34 +32,32 @@ SEALING_KEY = "reasoning-seal"  # the shared secret's name in the store
 STORE_RETRY = 30.0  # seconds between attempts to open a store that failed to open
 
 
-def _model_specs(settings: Settings) -> list[tuple[str, str]]:
-    """(public name, path) for the main model and each extra model."""
-    specs = [(settings.served_model_name, settings.model_path)]
-    for item in settings.extra_models:
-        name, sep, path = item.partition("=")
-        if not sep:
-            name, path = item.rstrip("/").split("/")[-1], item
-        specs.append((name.strip(), path.strip()))
-    return specs
-
-
-def _size_lane(lane: AdmissionLane, engine: Engine) -> None:
+def _size_lane(resident: Resident) -> None:
     """The model's lane admits as many as its batch holds (known once loaded)."""
-    lane.resize(engine.capacity)
+    assert resident.engine is not None
+    resident.lane.resize(resident.engine.capacity)
 
 
-def _count_weights(memory: MemoryBudget, engine: Engine) -> None:
-    """The loaded weights count against the memory budget."""
-    assert engine.loaded is not None
-    memory.weights[engine.name] = engine.loaded.weights_bytes
+def _weights_estimate(spec: ModelSpec) -> int:
+    """The memory a model's weights will take once loaded, before loading it:
+    its files' size; twice that for half-precision weights that a CPU with a
+    fast BLAS computes in float32 (see mlxtrio.engine.precision)."""
+    if spec.upcast_on_cpu and blas.is_fast() and not _on_metal():
+        return spec.size_bytes * 2
+    return spec.size_bytes
+
+
+def _on_metal() -> bool:
+    import sys
+
+    return sys.platform == "darwin"
 
 
 @dataclass
 class Services:
     settings: Settings
     world: World = SOLO
-    registry: ModelRegistry = field(init=False)
-    lanes: dict[str, AdmissionLane] = field(init=False)
+    models: Residency = field(init=False)
     render_lane: AdmissionLane = field(init=False)
     metrics: Metrics = field(init=False)
     memory: MemoryBudget = field(init=False)
@@ -76,38 +74,53 @@ class Services:
 
     def __post_init__(self) -> None:
         s = self.settings
-        # Claude Code names its models claude-*; unless configured otherwise they
-        # all go to the main model.
-        self.registry = ModelRegistry(
-            {**s.aliases, "claude-*": s.aliases.get("claude-*", s.served_model_name)}
-        )
-        self.lanes = {}
         self.memory = MemoryBudget(s.memory_limit_bytes or auto_limit(), self._prefix_caches)
         config = EngineConfig.from_settings(s)
-        for name, path in _model_specs(s):
-            engine = Engine(name, path, config, self.world)
-            self.registry.add(engine)
-            lane = AdmissionLane(f"model {name!r}", engine.capacity, s.waiting_room)
-            engine.on_loaded.append(partial(_size_lane, lane))
-            engine.on_loaded.append(partial(_count_weights, self.memory))
-            self.lanes[name] = lane
+        specs = discover(s) if not self.world.distributed else _main_only(s)
+        self.models = Residency(
+            specs,
+            default=s.served_model_name,
+            # Claude Code names its models claude-*; unless configured otherwise
+            # they all go to the main model.
+            aliases={**s.aliases, "claude-*": s.aliases.get("claude-*", s.served_model_name)},
+            memory=self.memory,
+            make_engine=lambda spec: Engine(spec.name, spec.path, config, self.world),
+            make_lane=lambda name: AdmissionLane(f"model {name!r}", 4, s.waiting_room),
+            keep_alive=s.keep_alive if not self.world.distributed else lambda name: 0.0,
+            pinned=frozenset(s.pinned_models) | _pinned_in_a_world(self.world, s),
+            max_loaded=s.max_loaded_models,
+            load_queue=s.waiting_room,
+            weights_estimate=_weights_estimate,
+        )
+        self.models.on_loaded += [_size_lane, self._count_weights]
         # Prompt rendering and tokenization (count_tokens included) are CPU work
         # beside the engines: one at a time, so they cannot starve generation.
         self.render_lane = AdmissionLane(
-            "prompt rendering", 1, 2 * (s.waiting_room + MAX_CAPACITY * len(self.lanes))
+            "prompt rendering", 1, 2 * (s.waiting_room + MAX_CAPACITY * len(self.models.names()))
         )
         self.metrics = Metrics(self._live_sources)
         self.cache_watch = CacheWatch()
         self.sealer = ReasoningSealer.from_key_file(s.data_path / "reasoning.key")
 
+    @property
+    def lanes(self) -> dict[str, AdmissionLane]:
+        """Each served model's admission lane, by name."""
+        return {resident.name: resident.lane for resident in self.models}
+
+    def _count_weights(self, resident: Resident) -> None:
+        """The loaded weights count against the memory budget."""
+        assert resident.engine is not None and resident.engine.loaded is not None
+        self.memory.weights[resident.name] = resident.engine.loaded.weights_bytes
+
     def _prefix_caches(self) -> Iterator[tuple[Callable[[], int], Callable[[int], int]]]:
-        for engine in self.registry:
+        for engine in self.models.engines():
             index = engine.cache.index
             yield partial(getattr, index, "nbytes"), index.shrink
 
     def _live_sources(self) -> Iterator[tuple[str, Any, Any]]:
-        for engine in self.registry:
-            yield engine.name, engine, self.lanes[engine.name]
+        for resident in self.models:
+            if resident.engine is not None:
+                yield resident.name, resident.engine, resident.lane
 
     def start(self, nursery: trio.Nursery) -> None:
         """Start loading every model, each on its own engine thread, and return.
@@ -118,15 +131,18 @@ class Services:
         """
         self._nursery = nursery
         log.info("CPU BLAS: %s; memory limit %s", blas.describe(), gib(self.memory.limit))
-        for engine in self.registry:
-            engine.launch()
-            nursery.start_soon(self._report_ready, engine)
-            if self.world.distributed:
-                nursery.start_soon(self._watch_ranks, engine)
+        self.models.start(nursery, preload=[self.models.default_name])
+        if self.world.distributed:
+            nursery.start_soon(self._watch_ranks)
         self.started = True
 
-    async def _watch_ranks(self, engine: Engine) -> None:
-        await engine.watch_ranks()
+    async def _watch_ranks(self) -> None:
+        """A model served across ranks fails the server when the world fails."""
+        resident = self.models.default
+        if resident.load_done is not None:
+            await resident.load_done.wait()
+        if resident.engine is not None:
+            await resident.engine.watch_ranks()
         self.fatal.set()
 
     def spawn(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None:
@@ -220,20 +236,14 @@ class Services:
                 log.warning("response store sweep failed: %s (%s)", exc, exc.detail)
             await trio.sleep(self.settings.store_sweep_interval)
 
-    @staticmethod
-    async def _report_ready(engine: Engine) -> None:
-        try:
-            await engine.wait_ready()
-        except EngineError:
-            pass  # the engine thread logged why; /health reports it
-
     async def drain(self, grace: float | None = None) -> None:
         """Refuse new generations; let in-flight ones finish within ``grace``
         seconds (default: the shutdown_grace setting), then cancel them (each
         stream still sends its terminal event)."""
         grace = self.settings.shutdown_grace if grace is None else grace
+        self.models.closed = True
         async with trio.open_nursery() as nursery:
-            for engine in self.registry:
+            for engine in self.models.engines():
                 nursery.start_soon(engine.drain, grace)
         # Background jobs whose generation just ended still store how it ended.
         with trio.move_on_after(self.settings.store_write_timeout + 1):
@@ -241,8 +251,19 @@ class Services:
                 await job.done.wait()
 
     async def stop(self) -> None:
+        self.models.closed = True
         async with trio.open_nursery() as nursery:
-            for engine in self.registry:
+            for engine in self.models.engines():
                 nursery.start_soon(engine.stop, self.settings.shutdown_grace)
         if self.store is not None:
             await self.store.close()
+
+
+def _main_only(settings: Settings) -> list[ModelSpec]:
+    """Across ranks the main model is served alone, loaded at start."""
+    name, path = configured(settings)[0]
+    return [ModelSpec(name, path, "model")]
+
+
+def _pinned_in_a_world(world: World, settings: Settings) -> frozenset[str]:
+    return frozenset({settings.served_model_name}) if world.distributed else frozenset()

@@ -20,6 +20,7 @@ from ...chat.conversation import (
     ToolCall,
     ToolRequirement,
     ToolSpec,
+    effort_level,
 )
 from ...chat.errors import ConversationError
 from ...chat.tool_order import CHAT, validate_tool_order
@@ -56,7 +57,14 @@ def to_conversation(request: ChatCompletionRequest) -> Conversation:
     validate_tool_order(messages, CHAT)
     tools = _tools(request)
     required = _required_tool(request) if tools else None
-    return Conversation(messages, tools, request.thinking, required, _output(request))
+    return Conversation(
+        messages,
+        tools,
+        request.thinking,
+        required,
+        _output(request),
+        reasoning_effort=effort_level(request.reasoning_effort),
+    )
 
 
 def custom_tool_names(request: ChatCompletionRequest) -> set[str]:

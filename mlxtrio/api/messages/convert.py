@@ -15,6 +15,8 @@ from ...chat.conversation import (
     ToolCall,
     ToolRequirement,
     ToolSpec,
+    effort_for_budget,
+    effort_level,
 )
 from ...chat.errors import ConversationError
 from ...chat.tool_order import ANTHROPIC, validate_tool_order
@@ -30,6 +32,7 @@ from .requests import (
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
+    ThinkingEnabled,
     ToolResultBlock,
     ToolUseBlock,
     UserMessage,
@@ -58,7 +61,26 @@ def to_conversation(request: CountTokensRequest) -> Conversation:
     validate_tool_order(messages, ANTHROPIC)
     tools = _tools(request)
     required = _required_tool(request) if tools else None
-    return Conversation(messages, tools, request.thinking_enabled, required, _output(request))
+    return Conversation(
+        messages,
+        tools,
+        request.thinking_enabled,
+        required,
+        _output(request),
+        reasoning_effort=_effort(request),
+    )
+
+
+def _effort(request: CountTokensRequest) -> str | None:
+    """``output_config.effort``, else ``thinking.budget_tokens`` as an effort
+    level (for models that take one)."""
+    config = request.output_config
+    if config is not None and effort_level(config.effort) is not None:
+        return effort_level(config.effort)
+    thinking = request.thinking
+    if isinstance(thinking, ThinkingEnabled) and thinking.budget_tokens is not None:
+        return effort_for_budget(thinking.budget_tokens)
+    return None
 
 
 def _output(request: CountTokensRequest) -> OutputFormat | None:

@@ -75,7 +75,7 @@ async def count_input_tokens() -> Response:
     """The prompt tokens a create call with the same body would take, counted on
     the same rendering. ``model`` may be left out (the schema makes it optional):
     the server's default model counts then."""
-    default_model = services().registry.default.name
+    default_model = services().models.default_name
     body = _fill_optional(await read_json_body(), default_model)
     request = parse(ResponsesRequest, body)
     turn = await build_turn(request)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ...chat.conversation import Conversation, Message
+from ...chat.conversation import Conversation, Message, effort_level
 from ...chat.tool_order import OPENAI, validate_tool_order
 from ...http.errors import ApiError, invalid_request
 from ...http.transport import client_domain
@@ -105,7 +105,12 @@ async def build_turn(
         # shared with what follows. It is not part of the turn (``delta``).
         messages = [Message("user", "")]
     conversation = Conversation(
-        messages, tools, request.thinking, required_tool(request), output_format(request)
+        messages,
+        tools,
+        request.thinking,
+        required_tool(request),
+        output_format(request),
+        reasoning_effort=effort_level(request.reasoning.effort if request.reasoning else None),
     )
     return Turn(request, conversation, delta, instructions, client_domain(), chain)
 
