@@ -143,14 +143,17 @@ def _tools_in(path: Path) -> list[dict[str, Any]]:
 
 def agent_grammars(captures: Path, end_token: int) -> dict[str, str]:
     """The call grammars the server builds for the captured clients' tools."""
-    from mlxtrio.grammar.build import ToolGrammar, call_grammar
+    from mlxtrio.grammar.build import ToolGrammar
+    from mlxtrio.grammar.calls import CallVocabulary, call_grammar
     from mlxtrio.grammar.lark_regex import lark_to_regex
 
     out = {}
     claude = _tools_in(captures / "claude-toolcall.json")
     if claude:
         tools = [ToolGrammar(t["name"], t.get("input_schema") or {}) for t in claude]
-        out[f"Claude Code, {len(tools)} tools"] = call_grammar("json_tools", tools, end_token) or ""
+        out[f"Claude Code, {len(tools)} tools"] = (
+            call_grammar("json_tools", tools, CallVocabulary(end_token)) or ""
+        )
     patch = next(
         (t for t in _tools_in(captures / "codex-patch.json") if t.get("name") == "apply_patch"),
         None,
@@ -159,7 +162,9 @@ def agent_grammars(captures: Path, end_token: int) -> dict[str, str]:
         pattern = lark_to_regex(patch["format"]["definition"])
         schema = {"type": "object", "properties": {"input": {"type": "string", "pattern": pattern}}}
         tools = [ToolGrammar("apply_patch", schema)]
-        out["Codex apply_patch"] = call_grammar("json_tools", tools, end_token) or ""
+        out["Codex apply_patch"] = (
+            call_grammar("json_tools", tools, CallVocabulary(end_token)) or ""
+        )
     return out
 
 

@@ -15,10 +15,15 @@ Every family model answers the same prompts:
 A token has one successor, so a marker that recurs (the second call's opening)
 is written inside a bigger piece (``</tool_call><tool_call>``): markers are
 matched on text, so the parser sees the same markup. In the families with a
-call grammar (``json_tools``, ``qwen3_coder``) the first call must end with the
-closing marker's own token, so the second call opens with a bigger piece
-(``\n<tool_call>``, which does not trigger the grammar) and its closing marker
-is part of its last piece.
+call grammar (``mlxtrio.grammar.calls``) the first call must end as the
+grammar ends it (the closing marker's own token), so the second call opens
+with a bigger piece (``\n<tool_call>``, which does not trigger the grammar)
+and its closing marker is part of its last piece. The grammar engine takes an
+added token that looks like a marker (``<...>``) for a special token, which
+text never matches: no piece the grammar holds begins with ``<`` and ends
+with ``>`` unless it is a marker. And where a grammar forces text, the
+engine allows only the tokenizer's own spelling of it, so a held piece never
+starts inside forced text and runs past its end.
 """
 
 from __future__ import annotations
@@ -66,12 +71,13 @@ def _glm_like(tag: str, key: str, value: str) -> tuple[str, ...]:
     def call(name: str, arg: str, val: str) -> str:
         return f"{name}<{key}>{arg}</{key}><{value}>{val}</{value}>"
 
+    # Held by the call grammar, as json_tools is.
     return (
         f"<{tag}>",
         call("get_weather", "city", "Paris"),
-        f"</{tag}><{tag}>",
-        call("get_time", "zone", "UTC"),
         f"</{tag}>",
+        f"\n<{tag}>",
+        call("get_time", "zone", "UTC") + f"</{tag}>",
     )
 
 
@@ -115,15 +121,30 @@ FAMILIES: dict[str, Family] = {
     ),
     "kimi_k2": Family(
         "kimi_k2",
-        ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
         (
             "<|tool_calls_section_begin|>",
-            "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>",
+            "<|tool_calls_section_end|>",
+            "<|tool_call_begin|>",
+            "<|tool_call_argument_begin|>",
+            "<|tool_call_end|>",
+        ),
+        # Held by the call grammar: one call per section (a second
+        # <|tool_call_begin|> token would need a second successor), then
+        # a second section in one free piece.
+        (
+            "<|tool_calls_section_begin|>",
+            # Kimi's markers are tokens of their own, as in its vocabulary;
+            # the grammar engine spells the text a grammar forces (here the
+            # offered names' common start) as the tokenizer does: a piece.
+            "<|tool_call_begin|>",
+            "functions.get_",
+            "weather:0",
+            "<|tool_call_argument_begin|>",
             '{"city": "Paris"}',
-            "<|tool_call_end|><|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>",
-            '{"zone": "UTC"}',
             "<|tool_call_end|>",
             "<|tool_calls_section_end|>",
+            "\n<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:1"
+            '<|tool_call_argument_begin|>{"zone": "UTC"}<|tool_call_end|><|tool_calls_section_end|>',
         ),
     ),
     # The start marker is several tokens, and <|open|> opens every XTML block.
@@ -144,14 +165,14 @@ FAMILIES: dict[str, Family] = {
     "mistral": Family(
         "mistral",
         ("[TOOL_CALLS]",),
+        # Held by the call grammar to the end of the turn, where a second
+        # [TOOL_CALLS] token would need a second successor: the two calls in
+        # the older templates' JSON list (name[ARGS]{...} is covered by
+        # tests/test_call_grammars.py).
         (
             "[TOOL_CALLS]",
-            "get_weather[ARGS]",
-            # Not "[TOOL_CALLS]get_time[ARGS]": a token that is a whole opening
-            # would be as good a first token as the marker when a call is forced.
-            '{"city": "Paris"}[TOOL_CALLS]',
-            "get_time[ARGS]",
-            '{"zone": "UTC"}',
+            '[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+            '{"name": "get_time", "arguments": {"zone": "UTC"}}]',
         ),
     ),
     "pythonic": Family(
@@ -180,9 +201,9 @@ FAMILIES: dict[str, Family] = {
         (
             "<|tool_call>",
             'call:get_weather{city:<|"|>Paris<|"|>}',
-            "<tool_call|><|tool_call>",
-            'call:get_time{zone:<|"|>UTC<|"|>}',
             "<tool_call|>",
+            "\n<|tool_call>",
+            'call:get_time{zone:<|"|>UTC<|"|>}<tool_call|>',
         ),
     ),
     "minimax_m2": Family(

@@ -24,11 +24,13 @@ import openai
 import pytest
 
 from mlxtrio.engine.model import load_model
-from mlxtrio.grammar.build import CALL_GRAMMARS, ToolGrammar, call_grammar, closed
+from mlxtrio.grammar.build import ToolGrammar, closed
+from mlxtrio.grammar.calls import CALL_GRAMMARS, CallVocabulary, call_grammar
 from mlxtrio.grammar.lark_regex import GrammarNotRegular, lark_to_regex
 from mlxtrio.settings import EMBEDDED_MODEL_PATH
 
 from .conftest import SCRIPTED, Server, ServerFactory
+from .scripted_families import TEXT as FAMILY_TEXT
 from .test_tool_families import (
     Turn,
     chat_turn,
@@ -53,6 +55,7 @@ TOOLS = {
         "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": CITY}}]
     },
 }
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}
 # What a turn that made its calls ends with, by API.
 CALLED = {"messages": "tool_use", "responses": "completed", "chat": "tool_calls"}
 GREETING = {
@@ -195,9 +198,8 @@ def embedded() -> Any:
 
 
 def _body_matcher(embedded: Any, schema: dict[str, Any]) -> Any:
-    text = call_grammar(
-        "json_tools", [ToolGrammar("apply_patch", schema)], embedded.tool_call_end_token
-    )
+    vocab = CallVocabulary(embedded.tool_call_end_token)
+    text = call_grammar("json_tools", [ToolGrammar("apply_patch", schema)], vocab)
     assert text is not None
     matcher = llguidance.LLMatcher(
         embedded.grammar_tokenizer, llguidance.LLMatcher.grammar_from_lark(text)
@@ -233,7 +235,8 @@ def test_qwen3_coder_values_take_the_schema_s_definitions(embedded: Any) -> None
         "required": ["path", "edits"],
         "$defs": {"edit": {"type": "object", "properties": {"line": {"type": "integer"}}}},
     }
-    text = call_grammar("qwen3_coder", [ToolGrammar("edit", schema)], embedded.tool_call_end_token)
+    vocab = CallVocabulary(embedded.tool_call_end_token)
+    text = call_grammar("qwen3_coder", [ToolGrammar("edit", schema)], vocab)
     assert text is not None
     matcher = llguidance.LLMatcher(
         embedded.grammar_tokenizer, llguidance.LLMatcher.grammar_from_lark(text)
@@ -261,7 +264,7 @@ def test_grammar_processor_follows_the_engine_s_view_of_tokens(embedded: Any) ->
     tokenizer = embedded.tokenizer
     start, end = embedded.tool_call_token, embedded.tool_call_end_token
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-    text = call_grammar("json_tools", [ToolGrammar("get_weather", schema)], end)
+    text = call_grammar("json_tools", [ToolGrammar("get_weather", schema)], CallVocabulary(end))
     assert text is not None
     matcher = llguidance.LLMatcher(
         embedded.grammar_tokenizer, llguidance.LLMatcher.grammar_from_lark(text)
@@ -341,13 +344,49 @@ async def test_every_call_grammar_family(
     its arguments match the schema."""
     server = await family_server(server_factory, family_model, family)
     extra = {
-        "messages": {**TOOLS["messages"], "tool_choice": {"type": "any"}},
+        # Room for a whole call: the scripted vocabulary spells markup the
+        # script does not write in single characters.
+        "messages": {**TOOLS["messages"], "tool_choice": {"type": "any"}, "max_tokens": 512},
         "responses": {**TOOLS["responses"], "tool_choice": "required"},
         "chat": {**TOOLS["chat"], "tool_choice": "required"},
     }
     # The family script goes on with a second call whose opening is not the
     # marker's own token (see scripted_families): free, and not checked here.
     _valid_calls(await every_api(server, "TEXT", **extra), only=False)
+
+
+@pytest.mark.parametrize("family", sorted(CALL_GRAMMARS))
+async def test_each_family_s_broken_arguments_are_held(
+    family: str, server_factory: ServerFactory, family_model: Callable[[str], str]
+) -> None:
+    """Each family with a call grammar, on its scripted model calling as it
+    likes: it would call ``get_weather`` with ``Paris`` and no ``days``,
+    which the schema refuses; what reaches the client is a schema-valid call
+    instead, after the model's own text, on every API, streaming or not."""
+    server = await family_server(server_factory, family_model, family)
+    schemas = {"get_weather": CITY, "get_time": TIME}
+    tools = {
+        "messages": {
+            "tools": [{"name": n, "input_schema": p} for n, p in schemas.items()],
+            "max_tokens": 512,
+        },
+        "responses": {
+            "tools": [{"type": "function", "name": n, "parameters": p} for n, p in schemas.items()]
+        },
+        "chat": {
+            "tools": [
+                {"type": "function", "function": {"name": n, "parameters": p}}
+                for n, p in schemas.items()
+            ]
+        },
+    }
+    for how, turn in (await every_api(server, "Weather?", **tools)).items():
+        assert turn.text == FAMILY_TEXT, how
+        assert turn.calls, how
+        for name, arguments in turn.calls:
+            jsonschema.validate(arguments, schemas[name])
+        assert ("get_weather", {"city": "Paris"}) not in turn.calls, how
+        assert turn.finish == CALLED[how.split("-")[0]], how
 
 
 async def test_the_model_s_own_call_is_held_to_the_schema(scripted: Server) -> None:

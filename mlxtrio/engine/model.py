@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from .harmony import harmony_tokenizer, is_harmony, marker_ids
@@ -62,6 +62,8 @@ class LoadedModel:
     kv_bytes_per_token: int = 0
     # A Harmony model (gpt-oss): its markers' token ids (see .harmony).
     harmony: dict[str, int] | None = None
+    # The tokenizer's added tokens (markers, markup pieces) by text.
+    added_tokens: dict[str, int] = field(default_factory=dict)
 
     @property
     def context_length(self) -> int:
@@ -152,6 +154,7 @@ def load_model(
         generation_suffixes=_generation_suffixes(tokenizer),
         weights_bytes=_weights_bytes(model),
         harmony=harmony,
+        added_tokens=dict(getattr(tokenizer, "get_added_vocab", dict)()),
         kv_bytes_per_token=kv_bytes_per_token(config, precision.dtype) or 0,
     )
     log.info(

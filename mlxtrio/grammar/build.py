@@ -1,5 +1,6 @@
-"""Grammars as text, in llguidance's Lark dialect: a tool call in its family's
-markup, and structured output.
+"""Grammars as text, in llguidance's Lark dialect: the pieces (a JSON value
+held to a schema, literals, tokens) and structured output. A tool call's body
+in each family's markup is built from them in :mod:`.calls`.
 
 A JSON value inside a grammar is ``%json {schema}``. Every schema carries the
 options it compiles with (``x-guidance``): JSON is written as chat templates
@@ -91,105 +92,9 @@ def token(token_id: int) -> str:
     return f"<[{token_id}]>"
 
 
-def _alternatives(rules: Iterable[str]) -> str:
+def alternatives(rules: Iterable[str]) -> str:
+    """Any one of ``rules`` (grammar expressions)."""
     return "(" + " | ".join(rules) + ")"
-
-
-def hermes_call(tools: list[ToolGrammar], end_token: int) -> str:
-    """The body of a Hermes call (``json_tools`` family), after the
-    ``<tool_call>`` marker up to and with its closing marker:
-    ``{"name": "<tool>", "arguments": {...}}`` (Qwen, Hermes, the embedded
-    model). Whitespace around the object is the model's (templates put a
-    newline on each side)."""
-    rules = [
-        f"call{i}: "
-        + literal('{"name": ' + json.dumps(tool.name, ensure_ascii=False) + ', "arguments": ')
-        + " "
-        + json_value(tool.schema, tool.strict)
-        + ' "}"'
-        for i, tool in enumerate(tools)
-    ]
-    names = _alternatives(f"call{i}" for i in range(len(tools)))
-    lines = [f"start: SPACE? {names} SPACE? {token(end_token)}", "SPACE: /[ \\n]{1,2}/", *rules]
-    return "\n".join(lines)
-
-
-def qwen3_coder_call(tools: list[ToolGrammar], end_token: int) -> str:
-    """The body of a Qwen3-Coder call (``qwen3_coder`` family: Qwen3-Coder,
-    Qwen3.5), after ``<tool_call>`` up to and with ``</tool_call>``::
-
-        <function=NAME>
-        <parameter=KEY>
-        VALUE
-        </parameter>
-        </function>
-
-    Parameters come in the schema's order, the required ones always, the
-    others when the model writes them. A string value is raw text up to the
-    first ``\n</parameter>\n``; other values are JSON matching their schema
-    (the parser converts them by the schema's type)."""
-    rules: list[str] = []
-    for i, tool in enumerate(tools):
-        params = []
-        properties = tool.schema.get("properties")
-        required = set(tool.schema.get("required") or ())
-        # Each value is compiled on its own: it takes the definitions along.
-        defs = {k: tool.schema[k] for k in ("$defs", "definitions") if k in tool.schema}
-        if isinstance(properties, dict) and properties:
-            for j, (key, sub) in enumerate(properties.items()):
-                rules.append(
-                    f"p{i}_{j}: "
-                    + literal(f"<parameter={key}>\n")
-                    + " "
-                    + _xml_value({**sub, **defs} if isinstance(sub, dict) else sub, tool.strict)
-                )
-                params.append(f"p{i}_{j}" + ("" if key in required else "?"))
-        elif not isinstance(properties, dict):  # any keys
-            rules.append(f'p{i}_any: "<parameter=" /[^\\s<>]+/ ">\\n" text')
-            params.append(f"p{i}_any*")
-        rules.append(
-            f"call{i}: "
-            + literal(f"<function={tool.name}>\n")
-            + (" " + " ".join(params) if params else "")
-            + ' "</function>"'
-        )
-    names = _alternatives(f"call{i}" for i in range(len(tools)))
-    head = [
-        f'start: "\\n"? {names} "\\n"? {token(end_token)}',
-        'text[suffix="\\n</parameter>\\n"]: /(?s:.*)/',
-    ]
-    return "\n".join(head + rules)
-
-
-def _xml_value(schema: Any, strict: bool) -> str:
-    """A parameter's value and its closing tag, in Qwen3-Coder's markup."""
-    close = literal("\n</parameter>\n")
-    if not isinstance(schema, dict):
-        return "text"
-    kind = schema.get("type")
-    enum = schema.get("enum")
-    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
-        return _alternatives(literal(v) for v in enum) + " " + close
-    if kind in ("integer", "number", "boolean", "object", "array"):
-        return json_value(schema, strict) + " " + close
-    return "text"  # strings, and anything the parser keeps as text
-
-
-# Call bodies by mlx-lm tool-parser module. Families not listed keep the
-# opening constraint only (grammar/shapes.py): their arguments are not in
-# a form the schema can be held to here (GLM's XML parameters, pythonic
-# calls, Gemma's own notation) or their markup is not pinned down by the
-# parser.
-CALL_GRAMMARS = {"json_tools": hermes_call, "qwen3_coder": qwen3_coder_call}
-
-
-def call_grammar(family: str, tools: list[ToolGrammar], end_token: int | None) -> str | None:
-    """The grammar of one call's body in ``family``'s markup, or None when the
-    family has none (or its closing marker is not one token)."""
-    build = CALL_GRAMMARS.get(family)
-    if build is None or end_token is None or not tools:
-        return None
-    return build(tools, end_token)
 
 
 def output_grammar(
@@ -206,7 +111,7 @@ def output_grammar(
     ``after_reasoning``: it starts where reasoning closed, where templates put
     a blank line."""
     value = json_value(schema if schema is not None else ANY_OBJECT, strict)
-    end = " " + _alternatives(token(t) for t in eos) if eos else ""
+    end = " " + alternatives(token(t) for t in eos) if eos else ""
     choices = "answer" if call_marker is None else f"answer | {token(call_marker)}"
     lines = [f"start: {'SPACE? ' if after_reasoning else ''}({choices})", f"answer: {value}{end}"]
     if after_reasoning:

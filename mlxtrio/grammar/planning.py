@@ -14,13 +14,15 @@ Grammars compile off the Trio thread, cached (:mod:`.compiler`).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..chat.conversation import Conversation, OutputFormat, ToolSpec
 from ..engine.model import LoadedModel
 from ..engine.types import GrammarConstraint, TextConstraint
-from .build import ANY_OBJECT, CALL_GRAMMARS, ToolGrammar, call_grammar, output_grammar
+from .build import ANY_OBJECT, ToolGrammar, output_grammar
+from .calls import CALL_GRAMMARS, CallVocabulary, call_grammar
 from .compiler import GrammarCompiler, GrammarError
 from .harmony import channel_grammar, turn_grammar
 from .shapes import CallShape, call_shape, tool_family
@@ -52,6 +54,7 @@ class OutputFacts:
     call_mask_token: int | None = None  # masking it forbids calls (and nothing else)
     think_start_token: int | None = None  # the reasoning opener, when one token
     harmony: dict[str, int] | None = None  # a Harmony model's marker ids
+    added_tokens: Mapping[str, int] = field(default_factory=dict)  # by text
 
     @property
     def reasons(self) -> bool:
@@ -68,6 +71,7 @@ class OutputFacts:
             call_mask_token=loaded.tool_call_mask_token,
             think_start_token=_single(getattr(loaded.tokenizer, "think_start_tokens", None)),
             harmony=loaded.harmony,
+            added_tokens=loaded.added_tokens,
         )
 
     @property
@@ -226,7 +230,7 @@ async def _tool_calls(
     marker is masked where it is a token of its own: a call could only be
     dropped, leaving an empty answer. With tools, every call the model opens
     is held to its family's markup for an offered tool: in a family with a
-    call grammar (:data:`~mlxtrio.grammar.build.CALL_GRAMMARS`) the whole call,
+    call grammar (:data:`~mlxtrio.grammar.calls.CALL_GRAMMARS`) the whole call,
     arguments matching the tool's schema, up to its closing marker; in the
     others its opening (:data:`~mlxtrio.grammar.shapes.CALL_SHAPES`). The
     model picks among the offered names by its own logits. When
@@ -266,7 +270,9 @@ async def _call_grammar(facts: OutputFacts, tools: list[ToolSpec]) -> GrammarCon
     if grammars is None or facts.call_token is None or family not in CALL_GRAMMARS:
         return None
     wanted = [await _tool_grammar(grammars, tool) for tool in tools]
-    text = call_grammar(family, wanted, facts.call_end_token)
+    eos = tuple(sorted(getattr(facts.tokenizer, "eos_token_ids", None) or ()))
+    vocab = CallVocabulary(facts.call_end_token, eos, facts.added_tokens)
+    text = call_grammar(family, wanted, vocab)
     if text is None:
         return None
     try:
