@@ -37,7 +37,9 @@ path, prompt_tokens, decode_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv
 model, tokenizer = load(path)
 model.set_dtype(mx.float32)
 mx.random.seed(0)
-prompt = mx.random.randint(10, 5000, (prompt_tokens,)).tolist()
+# Ids within the vocabulary: an id past the embedding table reads out of bounds.
+vocab = model.model.embed_tokens.weight.shape[0]
+prompt = mx.random.randint(10, vocab, (prompt_tokens,)).tolist()
 a = mx.random.normal((2048, 2048))
 mx.eval(a @ a)
 start = time.perf_counter(); mx.eval(a @ a); gemm = 2 * 2048**3 / (time.perf_counter() - start) / 1e9
@@ -80,8 +82,11 @@ def measure(setting: str, model: str, prompt: int, decode: int) -> dict[str, flo
         env=env,
         capture_output=True,
         text=True,
-        check=True,
     )
+    if out.returncode != 0:
+        raise SystemExit(
+            f"the probe for {library} failed ({out.returncode}):\n{out.stderr[-2000:]}"
+        )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
