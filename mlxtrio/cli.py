@@ -104,7 +104,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def _flag_value(field: dataclasses.Field[Any], value: Any) -> Any:
     """A flag's text as the setting's type (lists and maps are comma-separated)."""
     kind = str(field.type)
-    if isinstance(value, str) and kind.startswith(("tuple", "Mapping")):
+    if isinstance(value, str) and kind.startswith(("tuple", "Mapping", "bool")):
         return parse_setting(field.name, kind, value)
     return value
 

@@ -102,6 +102,16 @@ class Settings:
     sharding: str = "auto"
     rank_timeout: float = 60.0
 
+    # Images in requests (checked before anything else; 400 naming the block):
+    # decoded bytes, pixels on a side, total pixels (decompression bombs), and
+    # how many per request. Remote http(s) image URLs are fetched only when
+    # fetch_image_urls is on: a server must not fetch what a prompt names.
+    image_max_bytes: int = 8 << 20
+    image_max_side: int = 8000
+    image_max_pixels: int = 32 << 20
+    images_per_request: int = 100
+    fetch_image_urls: bool = False
+
     sse_keepalive: float = 10.0
     sse_drain_timeout: float = 30.0
     max_body_bytes: int = 10 * 1024 * 1024
@@ -189,7 +199,14 @@ class Settings:
     def validate(self) -> None:
         if self.capacity < 0:
             raise SettingsError(f"capacity must be 0 (auto) or more (got {self.capacity})")
-        positive = ("default_max_tokens", "max_output_tokens", "prefill_chunk")
+        positive = (
+            "default_max_tokens",
+            "max_output_tokens",
+            "prefill_chunk",
+            "image_max_bytes",
+            "image_max_side",
+            "image_max_pixels",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be at least 1 (got {getattr(self, name)})")
@@ -226,6 +243,10 @@ class Settings:
         if self.memory_limit_bytes < 0:
             raise SettingsError(
                 f"memory_limit_bytes must be 0 (auto) or more (got {self.memory_limit_bytes})"
+            )
+        if self.images_per_request < 0:
+            raise SettingsError(
+                f"images_per_request must be 0 or more (got {self.images_per_request})"
             )
         if self.waiting_room < 0:
             raise SettingsError(f"waiting_room must be 0 or more (got {self.waiting_room})")
@@ -269,6 +290,8 @@ def _parse(name: str, kind: Any, raw: str) -> Any:
             return int(raw)
         if kind == "float":
             return float(raw)
+        if kind == "bool":
+            return _boolean(raw)
         if kind.startswith("tuple"):
             return tuple(p.strip() for p in raw.split(",") if p.strip())
         if kind.startswith("Mapping"):
@@ -276,3 +299,12 @@ def _parse(name: str, kind: Any, raw: str) -> Any:
     except ValueError as exc:
         raise SettingsError(f"{ENV_PREFIX}{name.upper()}={raw!r}: {exc}") from None
     return raw
+
+
+def _boolean(raw: str) -> bool:
+    text = raw.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected on/off (1, true, yes, on or 0, false, no, off)")

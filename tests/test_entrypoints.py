@@ -249,6 +249,11 @@ def test_every_setting_has_a_working_flag() -> None:
             args = build_parser().parse_args(["serve", flag, "a=5,b=0"])
             assert settings_from_args(args).model_keep_alive == {"a": "5", "b": "0"}
             continue
+        if str(field.type) == "bool":
+            for text, expected in (("on", True), ("0", False), ("true", True)):
+                args = build_parser().parse_args(["serve", flag, text])
+                assert getattr(settings_from_args(args), field.name) is expected, field.name
+            continue
         kind = {"int": int, "float": float, "str": str}[str(field.type)]
         value = samples[kind]
         if field.name == "port":

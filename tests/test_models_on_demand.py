@@ -199,7 +199,22 @@ async def test_an_invalid_request_loads_nothing(
             },
         )
         unknown = await client.post("/v1/responses", json={"model": "nope", "input": "x"})
+        bad_image = await client.post(
+            "/v1/responses",
+            json={
+                "model": "gemma",
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
+                        ],
+                    }
+                ],
+            },
+        )
     assert missing.status_code == 400 and orphan.status_code == 400
+    assert bad_image.status_code == 400 and "could not be decoded" in bad_image.text
     assert unknown.status_code == 404 and "gemma" in unknown.json()["error"]["message"]
     assert (await states(server))["gemma"] == "available"
 

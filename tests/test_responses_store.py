@@ -543,7 +543,8 @@ async def test_text_format_with_a_broken_schema_is_a_clear_400(scripted: Server)
 
 
 async def test_image_inputs(scripted: Server) -> None:
-    image = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGP8z8DAwMDAxMDAwMDAAAANHQEDasKb6QAAAABJRU5ErkJggg=="
+    image = {"type": "input_image", "image_url": f"data:image/png;base64,{png}"}
     remote = {"type": "input_image", "image_url": "https://example.com/cat.png"}
     async with scripted.client() as client:
         ok = await client.post(

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .images import ImageInput
+
 Role = Literal["system", "user", "assistant", "tool"]
 
 # What a model that reads text only sees of an image.
@@ -142,6 +144,9 @@ class Conversation:
     # How hard a model that takes an effort should reason (gpt-oss's Harmony
     # system message): "low", "medium" or "high"; None: the template's default.
     reasoning_effort: str | None = None
+    # The images this request carries, in order (each stands in the messages'
+    # text as IMAGE_PLACEHOLDER); checked before anything else is done.
+    images: list[ImageInput] = field(default_factory=list)
 
 
 EFFORTS = ("low", "medium", "high")

@@ -30,6 +30,7 @@ class AccessRecord:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     cache_miss: str | None = None  # why less was reused than the session offered
+    images: str | None = None  # "3:placeholder": three images a text-only model saw as text
     generated_tokens: int | None = None
     ttft: float | None = None
     finish: str | None = None
@@ -43,6 +44,7 @@ class AccessRecord:
             ("prompt", self.prompt_tokens),
             ("cached", self.cached_tokens),
             ("miss", self.cache_miss),
+            ("images", self.images),
             ("generated", self.generated_tokens),
             ("ttft", None if self.ttft is None else f"{self.ttft:.2f}s"),
             ("duration", f"{time.perf_counter() - self.started:.2f}s"),

@@ -4,6 +4,9 @@ turn, in the one order that is right.
 :func:`prepare` (every generation route calls it, and the WebSocket and
 background paths):
 
+0. **images**: every image the request carries is decoded and checked on a
+   worker thread (400 naming the bad one: :mod:`.images`) - before the model is
+   resolved, so a bad image never loads or evicts a model;
 1. **resolve** the model the request names (404 unknown, 503 not serving);
 2. **render** the conversation with the model's chat template, on a worker
    thread behind the render lane (400 when it cannot be rendered or does not
@@ -47,6 +50,7 @@ from ..http.errors import ApiError, invalid_request, rate_limited, server_error,
 from ..http.transport import client_domain, client_session
 from .admission import AdmissionLane, QueueFull, Ticket
 from .call import access_record, on_call_end, services
+from .images import check_images, note_placeholders
 from .models import output_facts, resolve
 
 log = logging.getLogger("mlxtrio.generation")
@@ -182,9 +186,11 @@ async def prepare(request: TurnRequest) -> PreparedTurn:
 
 
 async def render_for_model(model: str, conversation: Conversation) -> tuple[Engine, RenderedPrompt]:
-    """Steps 1 and 2: the engine and the prompt's token ids, exactly as
+    """Steps 0, 1 and 2: the engine and the prompt's token ids, exactly as
     generation would render them (what token counting answers)."""
+    await check_images(conversation)
     engine = await resolve(model)
+    note_placeholders(conversation)  # every model served today reads text only
     return engine, await render_prompt(engine, conversation)
 
 

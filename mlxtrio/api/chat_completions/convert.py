@@ -23,6 +23,7 @@ from ...chat.conversation import (
     effort_level,
 )
 from ...chat.errors import ConversationError
+from ...chat.images import ImageInput, from_data_url, image_error
 from ...chat.tool_order import CHAT, validate_tool_order
 from ...grammar.custom_tools import freeform_tool
 from .requests import (
@@ -53,7 +54,8 @@ from .tools import (
 def to_conversation(request: ChatCompletionRequest) -> Conversation:
     """The request's conversation, its tool results in call order. Raises
     :class:`ConversationError` (tool order included)."""
-    messages = [_message(m, i) for i, m in enumerate(request.messages)]
+    images: list[ImageInput] = []
+    messages = [_message(m, i, images) for i, m in enumerate(request.messages)]
     validate_tool_order(messages, CHAT)
     tools = _tools(request)
     required = _required_tool(request) if tools else None
@@ -64,6 +66,7 @@ def to_conversation(request: ChatCompletionRequest) -> Conversation:
         required,
         _output(request),
         reasoning_effort=effort_level(request.reasoning_effort),
+        images=images,
     )
 
 
@@ -72,12 +75,12 @@ def custom_tool_names(request: ChatCompletionRequest) -> set[str]:
     return {t.custom.name for t in request.tools if isinstance(t, CustomTool)}
 
 
-def _message(message: object, index: int) -> Message:
+def _message(message: object, index: int, images: list[ImageInput]) -> Message:
     where = f"messages.{index}"
     if isinstance(message, SystemMessage):
         return Message("system", _text(message.content))
     if isinstance(message, UserMessage):
-        return Message("user", _user_text(message, where))
+        return Message("user", _user_text(message, where, images))
     if isinstance(message, AssistantMessage):
         return _assistant(message, where)
     if isinstance(message, ToolMessage):
@@ -94,12 +97,13 @@ def _text(content: TextParts) -> str:
     return content if isinstance(content, str) else "".join(part.text for part in content)
 
 
-def _user_text(message: UserMessage, where: str) -> str:
+def _user_text(message: UserMessage, where: str, images: list[ImageInput]) -> str:
     if isinstance(message.content, str):
         return message.content
     parts = []
     for i, part in enumerate(message.content):
         if isinstance(part, ImagePart):
+            images.append(_image(part, f"{where}.content.{i}"))
             parts.append(IMAGE_PLACEHOLDER)
         elif isinstance(part, AudioPart | FilePart):
             raise ConversationError(
@@ -110,6 +114,14 @@ def _user_text(message: UserMessage, where: str) -> str:
         else:
             parts.append(part.text)
     return "".join(parts)
+
+
+def _image(part: ImagePart, param: str) -> ImageInput:
+    """An ``image_url`` part, not yet decoded (``chat.images.check`` does)."""
+    url, detail = part.image_url.get("url"), part.image_url.get("detail")
+    if not isinstance(url, str):
+        raise image_error("image_url.url must be a string", f"{param}.image_url.url")
+    return from_data_url(url, f"{param}.image_url.url", detail if isinstance(detail, str) else None)
 
 
 def _assistant(message: AssistantMessage, where: str) -> Message:

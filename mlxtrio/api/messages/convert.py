@@ -19,6 +19,7 @@ from ...chat.conversation import (
     effort_level,
 )
 from ...chat.errors import ConversationError
+from ...chat.images import ImageInput, from_data_url, image_error
 from ...chat.tool_order import ANTHROPIC, validate_tool_order
 from .requests import (
     AnyChoice,
@@ -46,14 +47,15 @@ def to_conversation(request: CountTokensRequest) -> Conversation:
     :class:`ConversationError` (tool order included)."""
     system_parts = _system_text(request)
     messages: list[Message] = []
-    for message in request.messages:
+    images: list[ImageInput] = []
+    for i, message in enumerate(request.messages):
         if isinstance(message, UserMessage):
-            _user_turn(message, messages)
+            _user_turn(message, messages, images, f"messages.{i}.content")
         elif isinstance(message, AssistantMessage):
             messages.append(_assistant_turn(message))
         else:
             # Not in the public API, but Claude Code's SessionStart hooks send it.
-            text = _plain_text(message.content)
+            text = _plain_text(message.content, images, f"messages.{i}.content")
             if text:
                 system_parts.append(text)
     if system_parts:
@@ -68,6 +70,7 @@ def to_conversation(request: CountTokensRequest) -> Conversation:
         required,
         _output(request),
         reasoning_effort=_effort(request),
+        images=images,
     )
 
 
@@ -105,28 +108,64 @@ def _system_text(request: CountTokensRequest) -> list[str]:
     return ["".join(parts)] if parts else []
 
 
-def _plain_text(content: PlainContent | None) -> str:
-    """Text of tool results and system-role messages (images become a placeholder)."""
+def _plain_text(content: PlainContent | None, images: list[ImageInput], where: str) -> str:
+    """Text of tool results and system-role messages; an image stands as the
+    placeholder in the text and is recorded in ``images``."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(b.text if isinstance(b, TextBlock) else IMAGE_PLACEHOLDER for b in content)
+    texts = []
+    for j, block in enumerate(content):
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        else:
+            images.append(_image(block, f"{where}.{j}"))
+            texts.append(IMAGE_PLACEHOLDER)
+    return "".join(texts)
 
 
-def _user_turn(message: UserMessage, out: list[Message]) -> None:
+def _image(block: ImageBlock, param: str) -> ImageInput:
+    """An image block's source, not yet decoded (``chat.images.check`` does)."""
+    source = block.source
+    kind = source.get("type")
+    if kind == "base64":
+        data, media_type = source.get("data"), source.get("media_type")
+        if not isinstance(data, str) or not isinstance(media_type, str):
+            raise image_error(
+                "a base64 image source needs media_type and data (strings)", f"{param}.source"
+            )
+        return ImageInput("base64", data, param, media_type)
+    if kind == "url" and isinstance(source.get("url"), str):
+        return from_data_url(source["url"], param)
+    if kind == "file":
+        raise image_error(
+            "image sources of type file (the Files API) are not supported: send the image "
+            "as base64",
+            f"{param}.source.type",
+        )
+    raise image_error(
+        "an image source must be {type: base64, media_type, data} or {type: url, url}",
+        f"{param}.source",
+    )
+
+
+def _user_turn(
+    message: UserMessage, out: list[Message], images: list[ImageInput], where: str
+) -> None:
     if isinstance(message.content, str):
         out.append(Message("user", message.content))
         return
     texts: list[str] = []
     had_tool_result = False
-    for block in message.content:
+    for j, block in enumerate(message.content):
         if isinstance(block, TextBlock):
             texts.append(block.text)
         elif isinstance(block, ImageBlock):
+            images.append(_image(block, f"{where}.{j}"))
             texts.append(IMAGE_PLACEHOLDER)
         elif isinstance(block, ToolResultBlock):
-            text = _plain_text(block.content)
+            text = _plain_text(block.content, images, f"{where}.{j}.content")
             is_error = block.is_error is True
             if is_error:
                 text = f"Error: {text}"

@@ -22,6 +22,7 @@ from ...chat.conversation import (
     ToolSpec,
 )
 from ...chat.errors import ConversationError
+from ...chat.images import ImageInput, from_data_url, image_error
 from ...grammar.custom_tools import freeform_tool
 from .items import (
     CompactionItem,
@@ -125,13 +126,16 @@ def custom_tool_spec(tool: CustomTool) -> ToolSpec:
     )
 
 
-def _text_of(content: str | list[ContentPart], role: str) -> str:
+def _text_of(
+    content: str | list[ContentPart], role: str, images: list[ImageInput], where: str
+) -> str:
     if isinstance(content, str):
         return content
     parts = []
-    for part in content:
+    for j, part in enumerate(content):
         if isinstance(part, ImagePart):
-            parts.append(_image_placeholder(part, role))
+            images.append(_image(part, role, f"{where}.{j}"))
+            parts.append(IMAGE_PLACEHOLDER)
         elif isinstance(part, RefusalPart):
             parts.append(part.refusal)
         else:
@@ -139,26 +143,21 @@ def _text_of(content: str | list[ContentPart], role: str) -> str:
     return "".join(parts)
 
 
-def _image_placeholder(part: ImagePart, role: str) -> str:
-    if role != "user":
-        raise ConversationError(
-            f'input_image content parts are only allowed on user messages (got role="{role}")',
-            "input",
+def _image(part: ImagePart, role: str, param: str) -> ImageInput:
+    """An ``input_image`` part, not yet decoded (``chat.images.check`` does)."""
+    if role not in ("user", "tool"):
+        raise image_error(
+            "input_image content parts are only allowed in user messages and tool outputs "
+            f'(got role="{role}")',
+            param,
         )
     if part.file_id:
-        raise ConversationError(
-            "input_image.file_id is not supported — inline the image as a data URL", "input"
+        raise image_error(
+            "input_image.file_id is not supported: inline the image as a data URL", param
         )
-    url = part.image_url
-    if not url:
-        raise ConversationError("input_image is missing image_url", "input")
-    if not (url.startswith("data:") and ";base64," in url):
-        raise ConversationError(
-            "input_image.image_url must be a base64 data URL (data:<mime>;base64,<payload>); remote http(s) "
-            "URLs are not fetched by this server",
-            "input",
-        )
-    return IMAGE_PLACEHOLDER
+    if not part.image_url:
+        raise image_error("input_image is missing image_url", f"{param}.image_url")
+    return from_data_url(part.image_url, f"{param}.image_url", part.detail)
 
 
 def _arguments(raw: str | dict[str, Any]) -> dict[str, Any]:
@@ -171,11 +170,13 @@ def _arguments(raw: str | dict[str, Any]) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"input": value}
 
 
-def _tool_output(output: str | list[ContentPart] | dict[str, Any]) -> str:
+def _tool_output(
+    output: str | list[ContentPart] | dict[str, Any], images: list[ImageInput], where: str
+) -> str:
     if isinstance(output, str):
         return output
     if isinstance(output, list):
-        return _text_of(output, "tool")
+        return _text_of(output, "tool", images, where)
     return json.dumps(output)
 
 
@@ -200,10 +201,13 @@ def _compaction_summary(item: CompactionItem, ordinal: int, reveal: Reveal | Non
     return Message("user", SUMMARY_HEADING + opened.removeprefix(COMPACTION_MARK))
 
 
-def map_items(items: list[InputItem], reveal: Reveal | None = None) -> list[Message]:
+def map_items(
+    items: list[InputItem], reveal: Reveal | None = None, images: list[ImageInput] | None = None
+) -> list[Message]:
     """Input items -> messages. Consecutive reasoning, assistant text and calls form
     one assistant turn; ``reveal`` reads back sealed reasoning blobs and
-    compaction summaries."""
+    compaction summaries; the images met are appended to ``images``."""
+    images = [] if images is None else images
     messages: list[Message] = []
     assistant: Message | None = None
     compactions = 0
@@ -220,9 +224,9 @@ def map_items(items: list[InputItem], reveal: Reveal | None = None) -> list[Mess
             assistant = Message("assistant")
         return assistant
 
-    for item in items:
+    for i, item in enumerate(items):
         if isinstance(item, MessageItem):
-            text = _text_of(item.content, item.role)
+            text = _text_of(item.content, item.role, images, f"input.{i}.content")
             if item.role == "assistant":
                 turn = current_assistant()
                 if turn.tool_calls:  # text after a call starts a new assistant turn
@@ -247,7 +251,7 @@ def map_items(items: list[InputItem], reveal: Reveal | None = None) -> list[Mess
             )
         elif isinstance(item, ToolOutputItem):
             flush()
-            output = _tool_output(item.output)
+            output = _tool_output(item.output, images, f"input.{i}.output")
             if item.call_id is None:  # answers no call: context the client adds
                 messages.append(Message("user", f"[{item.source}] {output}"))
             else:

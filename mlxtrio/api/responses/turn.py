@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ...chat.conversation import Conversation, Message, effort_level
+from ...chat.images import ImageInput
 from ...chat.tool_order import OPENAI, validate_tool_order
 from ...http.errors import ApiError, invalid_request
 from ...http.transport import client_domain
@@ -87,7 +88,8 @@ async def build_turn(
     with conversation_errors():
         if continuation:
             items = drop_echoed_calls(items, prior)
-        delta = map_items(items, services().sealer.open)
+        images: list[ImageInput] = []
+        delta = map_items(items, services().sealer.open, images)
         if continuation:
             delta = check_delta(delta, outstanding_calls(prior))
         head = [Message("system", instructions)] if instructions else []
@@ -111,6 +113,7 @@ async def build_turn(
         required_tool(request),
         output_format(request),
         reasoning_effort=effort_level(request.reasoning.effort if request.reasoning else None),
+        images=images,
     )
     return Turn(request, conversation, delta, instructions, client_domain(), chain)
 

@@ -1,0 +1,242 @@
+"""Images in a request: what the APIs carried, and the checks that make a bad
+image the client's mistake (a 400 naming its content block), never the server's.
+
+Converters (``api/*/convert.py``) record each image as an :class:`ImageInput`
+without looking inside it: the base64 text or the URL, the media type the client
+claimed, and the request field it stood in. :func:`check` then decodes it under
+:class:`ImageLimits` — bytes, dimensions, total pixels (decompression bombs),
+a media type that matches the bytes — and returns a :class:`CheckedImage`
+carrying the content hash that names it. Decoding is CPU work: callers run
+:func:`check` on a worker thread. Fetching a remote URL is opt-in
+(``fetch_image_urls``); by default a server must not fetch what a prompt names.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import urllib.error
+import urllib.request
+import warnings
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import ConversationError
+
+# The media types every API documents for images, as Pillow names their formats.
+MEDIA_TYPES = {
+    "image/png": "PNG",
+    "image/jpeg": "JPEG",
+    "image/gif": "GIF",
+    "image/webp": "WEBP",
+}
+FETCH_TIMEOUT = 10.0  # seconds for one remote image, when fetching is allowed
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """One image as the request carried it. ``data`` is the base64 payload
+    (``source == "base64"``) or the URL (``source == "url"``); ``param`` is the
+    request field it stood in (``messages.0.content.2``), named in errors."""
+
+    source: Literal["base64", "url"]
+    data: str
+    param: str
+    media_type: str | None = None  # as claimed; None when the client did not say
+    detail: str | None = None  # Responses / Chat Completions "low" | "high" | "auto"
+
+
+@dataclass(frozen=True)
+class CheckedImage:
+    """An image that decoded within the limits. ``digest`` (SHA-256 of the
+    bytes) names its content: the same pixels sent again hash the same."""
+
+    input: ImageInput
+    media_type: str
+    width: int
+    height: int
+    digest: str
+    size: int  # bytes
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    max_bytes: int = 8 << 20
+    max_side: int = 8000  # pixels, either dimension
+    max_pixels: int = 32 << 20  # width x height
+    max_count: int = 100  # per request
+    fetch_urls: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> ImageLimits:
+        return cls(
+            settings.image_max_bytes,
+            settings.image_max_side,
+            settings.image_max_pixels,
+            settings.images_per_request,
+            settings.fetch_image_urls,
+        )
+
+
+def image_error(message: str, param: str) -> ConversationError:
+    """A refusal of one image; the message starts with where it stood, since
+    not every API's error envelope has a ``param``."""
+    return ConversationError(f"{param}: {message}", param)
+
+
+def from_data_url(url: str, param: str, detail: str | None = None) -> ImageInput:
+    """An image given as a URL: a ``data:<mime>;base64,<payload>`` URL, or a
+    remote ``http(s)`` one (fetched only when the server allows it). Anything
+    else is a :class:`ConversationError` naming ``param``."""
+    if url.startswith("data:"):
+        header, comma, payload = url[5:].partition(",")
+        media_type, _, encoding = header.partition(";")
+        if not comma or encoding != "base64":
+            raise image_error(
+                "an image data URL must be base64: data:<media type>;base64,<data>", param
+            )
+        return ImageInput("base64", payload, param, media_type or None, detail)
+    if url.startswith(("http://", "https://")):
+        return ImageInput("url", url, param, None, detail)
+    raise image_error(
+        "an image URL must be a base64 data URL (data:<media type>;base64,<data>) or an "
+        f"http(s) URL (got {url[:40]!r})",
+        param,
+    )
+
+
+def check(image: ImageInput, limits: ImageLimits) -> CheckedImage:
+    """``image`` decoded and checked; a :class:`ConversationError` naming its
+    field when it is not an image this server takes. Blocking (base64, a
+    remote fetch when allowed, Pillow's decode): run it on a worker thread."""
+    data = _bytes_of(image, limits)
+    if not data:
+        raise image_error("the image is empty", image.param)
+    if len(data) > limits.max_bytes:
+        raise _too_big(image, len(data), limits)
+    media_type, width, height = _decode(data, image, limits)
+    claimed = image.media_type
+    if claimed is not None and claimed != media_type:
+        raise image_error(
+            f"the image's media type says {claimed} but its bytes are {media_type}", image.param
+        )
+    digest = hashlib.sha256(data).hexdigest()
+    return CheckedImage(image, media_type, width, height, digest, len(data))
+
+
+def check_count(images: list[ImageInput], limits: ImageLimits) -> None:
+    """A request with more images than the limit allows is refused, naming
+    the first one past it."""
+    if len(images) > limits.max_count:
+        raise image_error(
+            f"too many images: {len(images)} in one request (the limit is "
+            f"{limits.max_count}, setting images_per_request)",
+            images[limits.max_count].param,
+        )
+
+
+def _bytes_of(image: ImageInput, limits: ImageLimits) -> bytes:
+    if image.source == "url":
+        return _fetch(image, limits)
+    claimed = image.media_type
+    if claimed is not None and claimed not in MEDIA_TYPES:
+        raise image_error(
+            f"unsupported image media type {claimed!r}: send one of {', '.join(MEDIA_TYPES)}",
+            image.param,
+        )
+    # Refuse by length before decoding: 4 base64 characters carry 3 bytes.
+    if len(image.data) // 4 * 3 > limits.max_bytes + 3:
+        raise _too_big(image, len(image.data) // 4 * 3, limits)
+    try:
+        return base64.b64decode("".join(image.data.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise image_error("the image's data is not valid base64", image.param) from None
+
+
+def _fetch(image: ImageInput, limits: ImageLimits) -> bytes:
+    if not limits.fetch_urls:
+        raise image_error(
+            "remote image URLs are not fetched by this server (a server must not fetch what "
+            "a prompt names): inline the image as base64 (a data URL), or start the server "
+            "with fetch_image_urls on",
+            image.param,
+        )
+    opener = urllib.request.build_opener(_HttpOnlyRedirects)
+    try:
+        with opener.open(image.data, timeout=FETCH_TIMEOUT) as response:
+            data: bytes = response.read(limits.max_bytes + 1)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise image_error(f"could not fetch the image: {reason}", image.param) from None
+    return data
+
+
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """A fetched image may redirect only to another http(s) URL (urllib would
+    follow ftp too)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        if not newurl.startswith(("http://", "https://")):
+            raise urllib.error.URLError(f"redirected to a non-http URL ({newurl[:40]!r})")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _decode(data: bytes, image: ImageInput, limits: ImageLimits) -> tuple[str, int, int]:
+    """(media type, width, height), after decoding every pixel: a file whose
+    header is fine but whose data is not must fail here, not in the model."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as picture:
+            fmt = picture.format or ""
+            width, height = picture.size
+            media_type = next((m for m, f in MEDIA_TYPES.items() if f == fmt), None)
+            if media_type is None:
+                raise image_error(
+                    f"unsupported image format {fmt or 'unknown'}: send one of "
+                    f"{', '.join(MEDIA_TYPES)}",
+                    image.param,
+                )
+            # Checked from the header alone, before a single pixel is decoded:
+            # a small file that would decode to gigabytes never gets that far.
+            _check_dimensions(width, height, image, limits)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                picture.load()
+    except ConversationError:
+        raise
+    except UnidentifiedImageError:
+        raise image_error(
+            "the image could not be decoded (not a PNG, JPEG, GIF or WebP image)", image.param
+        ) from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise image_error("the image decodes to too many pixels", image.param) from None
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise image_error(f"the image could not be decoded ({exc})", image.param) from None
+    return media_type, width, height
+
+
+def _check_dimensions(width: int, height: int, image: ImageInput, limits: ImageLimits) -> None:
+    if width < 1 or height < 1:
+        raise image_error(f"the image has no pixels ({width}x{height})", image.param)
+    if max(width, height) > limits.max_side:
+        raise image_error(
+            f"the image is {width}x{height} pixels: at most {limits.max_side} on a side "
+            "(setting image_max_side)",
+            image.param,
+        )
+    if width * height > limits.max_pixels:
+        raise image_error(
+            f"the image is {width}x{height} = {width * height} pixels: at most "
+            f"{limits.max_pixels} (setting image_max_pixels)",
+            image.param,
+        )
+
+
+def _too_big(image: ImageInput, size: int, limits: ImageLimits) -> ConversationError:
+    return image_error(
+        f"the image is {size} bytes: at most {limits.max_bytes} (setting image_max_bytes)",
+        image.param,
+    )

@@ -1,0 +1,330 @@
+"""Images in requests: a bad image is the client's mistake (a 400 naming its
+content block, on every API, before anything reaches the engine); a good one
+reaches a text-only model as its placeholder, and the access line says so.
+
+The checks are unit-tested on real encoded images (Pillow), then driven through
+the real server with the official SDKs."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import io
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from PIL import Image
+
+from mlxtrio.chat.conversation import IMAGE_PLACEHOLDER
+from mlxtrio.chat.errors import ConversationError
+from mlxtrio.chat.images import ImageInput, ImageLimits, check, check_count, from_data_url
+
+from .conftest import MODEL, Server, ServerFactory, wait_until
+
+
+def encode(fmt: str = "PNG", size: tuple[int, int] = (16, 12), color: Any = (200, 30, 30)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, color).save(buffer, fmt)
+    return buffer.getvalue()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def data_url(data: bytes, media_type: str = "image/png") -> str:
+    return f"data:{media_type};base64,{b64(data)}"
+
+
+def refused(image: ImageInput, limits: ImageLimits | None = None) -> str:
+    with pytest.raises(ConversationError) as caught:
+        check(image, limits or ImageLimits())
+    assert caught.value.param == image.param
+    assert caught.value.message.startswith(image.param + ": ")
+    return caught.value.message
+
+
+# -- the checks ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fmt, media_type",
+    [("PNG", "image/png"), ("JPEG", "image/jpeg"), ("GIF", "image/gif"), ("WEBP", "image/webp")],
+)
+def test_each_documented_format_is_taken(fmt: str, media_type: str) -> None:
+    data = encode(fmt)
+    checked = check(ImageInput("base64", b64(data), "m.0", media_type), ImageLimits())
+    assert (checked.media_type, checked.width, checked.height) == (media_type, 16, 12)
+    assert checked.size == len(data)
+    # Undeclared (a data URL without a type): the bytes say what it is.
+    assert check(from_data_url(f"data:;base64,{b64(data)}", "m.0"), ImageLimits()).media_type == (
+        media_type
+    )
+
+
+def test_the_digest_names_the_pixels() -> None:
+    def digest(color: Any) -> str:
+        return check(ImageInput("base64", b64(encode(color=color)), "p"), ImageLimits()).digest
+
+    assert digest((1, 2, 3)) == digest((1, 2, 3))
+    assert digest((1, 2, 3)) != digest((1, 2, 4))
+
+
+def test_bad_images_are_refused_naming_their_block() -> None:
+    png = encode()
+    assert "not valid base64" in refused(ImageInput("base64", "%%%not base64", "p"))
+    assert "could not be decoded" in refused(ImageInput("base64", b64(b"hello, not an image"), "p"))
+    truncated = png[: len(png) // 2]
+    assert "could not be decoded" in refused(ImageInput("base64", b64(truncated), "p"))
+    assert "is empty" in refused(ImageInput("base64", "", "p"))
+    mismatch = refused(ImageInput("base64", b64(png), "p", "image/jpeg"))
+    assert "says image/jpeg but its bytes are image/png" in mismatch
+    assert "unsupported image media type" in refused(
+        ImageInput("base64", b64(png), "p", "image/bmp")
+    )
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(buffer, "BMP")
+    assert "unsupported image format BMP" in refused(
+        ImageInput("base64", b64(buffer.getvalue()), "p")
+    )
+
+
+def test_limits_are_settings_and_bombs_never_decode() -> None:
+    big = encode(size=(300, 200))
+    small_limits = ImageLimits(max_bytes=100)
+    assert "image_max_bytes" in refused(ImageInput("base64", b64(big), "p"), small_limits)
+    assert "image_max_side" in refused(
+        ImageInput("base64", b64(big), "p"), ImageLimits(max_side=256)
+    )
+    assert "image_max_pixels" in refused(
+        ImageInput("base64", b64(big), "p"), ImageLimits(max_pixels=300 * 200 - 1)
+    )
+    # A decompression bomb: 20000 x 20000 pixels of one colour is a small file
+    # that would decode to over a gigabyte; it is refused from its header.
+    bomb = encode(size=(20000, 20000), color=(0, 0, 0))
+    assert len(bomb) < 2_000_000
+    message = refused(ImageInput("base64", b64(bomb), "p"))
+    assert "20000x20000" in message or "too many pixels" in message
+    images = [ImageInput("base64", b64(big), f"p.{i}") for i in range(3)]
+    check_count(images, ImageLimits(max_count=3))
+    with pytest.raises(ConversationError, match="images_per_request") as caught:
+        check_count(images, ImageLimits(max_count=2))
+    assert caught.value.param == "p.2"
+
+
+def test_urls() -> None:
+    assert from_data_url("https://example.com/a.png", "p").source == "url"
+    with pytest.raises(ConversationError, match="base64"):
+        from_data_url("data:image/png,rawbytes", "p")
+    with pytest.raises(ConversationError, match="http"):
+        from_data_url("file:///etc/passwd", "p")
+    remote = from_data_url("http://127.0.0.1:9/a.png", "p")
+    assert "not fetched by this server" in refused(remote)
+
+
+# -- through the server -------------------------------------------------------------
+
+PNG = encode()
+
+
+def anthropic_image(data: bytes = PNG, media_type: str = "image/png") -> dict[str, Any]:
+    return {
+        "type": "image",
+        "source": {"type": "base64", "media_type": media_type, "data": b64(data)},
+    }
+
+
+def access_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "mlxtrio.access"]
+
+
+async def ask_messages(server: Server, content: list[dict[str, Any]]) -> Any:
+    return await server.anthropic().messages.create(
+        model=MODEL, max_tokens=8, messages=[{"role": "user", "content": content}]
+    )
+
+
+async def ask_responses(server: Server, url: str, detail: str = "auto") -> Any:
+    return await server.openai().responses.create(
+        model=MODEL,
+        max_output_tokens=8,
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "What is this?"},
+                    {"type": "input_image", "image_url": url, "detail": detail},
+                ],
+            }
+        ],
+    )
+
+
+async def ask_chat(server: Server, url: str) -> Any:
+    return await server.openai().chat.completions.create(
+        model=MODEL,
+        max_tokens=8,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is this?"},
+                    {"type": "image_url", "image_url": {"url": url}},
+                ],
+            }
+        ],
+    )
+
+
+async def test_a_good_image_reaches_a_text_model_as_its_placeholder(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "mlxtrio.access")
+    content = [{"type": "text", "text": "What is this?"}, anthropic_image()]
+    message = await ask_messages(server, content)
+    assert message.stop_reason in ("end_turn", "max_tokens")
+    count = await server.anthropic().messages.count_tokens(
+        model=MODEL, messages=[{"role": "user", "content": content}]
+    )
+    placeholder_only = await server.anthropic().messages.count_tokens(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is this?" + IMAGE_PLACEHOLDER}],
+    )
+    assert count.input_tokens == placeholder_only.input_tokens == message.usage.input_tokens
+    response = await ask_responses(server, data_url(PNG))
+    assert response.status in ("completed", "incomplete")
+    completion = await ask_chat(server, data_url(encode("JPEG"), "image/jpeg"))
+    assert completion.choices[0].finish_reason in ("stop", "length")
+    paths = ("/v1/messages", "/v1/responses", "/v1/chat/completions")
+    # A call's line is written once its response has gone out.
+    await wait_until(lambda: len(access_lines(caplog)) == 5, what="the access lines")
+    for path in paths:
+        (line,) = [x for x in access_lines(caplog) if x.startswith(f"POST {path} 200")]
+        assert "images=1:placeholder" in line
+
+
+async def test_an_image_in_a_claude_code_tool_result(server: Server) -> None:
+    def conversation(image: dict[str, Any]) -> list[dict[str, Any]]:
+        return [
+            {"role": "user", "content": "Look at shot.png"},
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_1",
+                        "name": "Read",
+                        "input": {"file_path": "shot.png"},
+                    },
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_1",
+                        "content": [{"type": "text", "text": "Read image"}, image],
+                    }
+                ],
+            },
+        ]
+
+    tools = [{"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}}]
+    client = server.anthropic()
+    ok = await client.messages.create(
+        model=MODEL, max_tokens=8, tools=tools, messages=conversation(anthropic_image())
+    )
+    assert ok.usage.input_tokens > 0
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await client.messages.create(
+            model=MODEL,
+            max_tokens=8,
+            tools=tools,
+            messages=conversation(anthropic_image(b"not a png")),
+        )
+    assert caught.value.body["error"]["message"].startswith("messages.2.content.0.content.1: ")
+
+
+BAD = {
+    "undecodable": (b"GIF89a but no more", "image/gif", "could not be decoded"),
+    "wrong media type": (PNG, "image/jpeg", "bytes are image/png"),
+    "too big": (encode(size=(900, 10)), "image/png", "image_max_side"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+async def test_a_bad_image_is_a_400_on_every_api_and_reaches_no_engine(
+    server_factory: ServerFactory, case: str
+) -> None:
+    server = await server_factory(image_max_side=512)
+    data, media_type, words = BAD[case]
+    before = server.engine.stats.submitted
+    with pytest.raises(anthropic.BadRequestError) as messages:
+        await ask_messages(
+            server, [anthropic_image(data, media_type), {"type": "text", "text": "x"}]
+        )
+    assert messages.value.body["error"]["message"].startswith("messages.0.content.0: ")
+    with pytest.raises(anthropic.BadRequestError):
+        await server.anthropic().messages.count_tokens(
+            model=MODEL, messages=[{"role": "user", "content": [anthropic_image(data, media_type)]}]
+        )
+    with pytest.raises(openai.BadRequestError) as responses:
+        await ask_responses(server, data_url(data, media_type))
+    assert responses.value.body["param"] == "input.0.content.1.image_url"
+    with pytest.raises(openai.BadRequestError) as chat:
+        await ask_chat(server, data_url(data, media_type))
+    assert chat.value.body["param"] == "messages.0.content.1.image_url.url"
+    for caught in (messages, responses, chat):
+        assert words in str(caught.value)
+    assert server.engine.stats.submitted == before
+
+
+async def test_too_many_images(server_factory: ServerFactory) -> None:
+    server = await server_factory(images_per_request=2)
+    with pytest.raises(anthropic.BadRequestError, match="images_per_request"):
+        await ask_messages(server, [anthropic_image()] * 3)
+    await ask_messages(server, [anthropic_image()] * 2)
+
+
+@pytest.fixture
+def image_host() -> Iterator[str]:
+    """A local HTTP server holding one PNG (the only remote image a test can reach)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            found = self.path == "/shot.png"
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()
+            self.wfile.write(PNG if found else b"")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    host = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=host.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{host.server_address[1]}"
+    finally:
+        host.shutdown()
+        host.server_close()
+
+
+async def test_remote_urls_are_fetched_only_when_allowed(
+    server_factory: ServerFactory, image_host: str
+) -> None:
+    refusing = await server_factory()
+    with pytest.raises(openai.BadRequestError, match="not fetched by this server"):
+        await ask_responses(refusing, f"{image_host}/shot.png")
+    fetching = await server_factory(fetch_image_urls=True)
+    completion = await ask_chat(fetching, f"{image_host}/shot.png")
+    assert completion.choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError, match="could not fetch the image"):
+        await ask_chat(fetching, f"{image_host}/missing.png")
