@@ -106,7 +106,7 @@ class Settings:
     # decoded bytes, pixels on a side, total pixels (decompression bombs), and
     # how many per request. Remote http(s) image URLs are fetched only when
     # fetch_image_urls is on: a server must not fetch what a prompt names.
-    image_max_bytes: int = 8 << 20
+    image_max_bytes: int = 5 << 20
     image_max_side: int = 8000
     image_max_pixels: int = 32 << 20
     images_per_request: int = 100

@@ -178,3 +178,34 @@ def test_calls_after_one_marker_are_bounded(family: str) -> None:
     )
     assert grammar.matcher().try_consume_tokens(most) == len(most)
     assert grammar.matcher().try_consume_tokens(too_many) < len(too_many)
+
+
+@pytest.mark.parametrize("family", sorted(CALL_GRAMMARS))
+def test_boolean_property_schemas_build(family: str) -> None:
+    """``{"x": true}`` (any value) and ``{"y": false}`` (never) are valid
+    property schemas: every family builds a grammar that compiles."""
+    schema = {"type": "object", "properties": {"x": True, "y": False}, "required": ["x"]}
+    tokenizer = _tokenizer([])
+    end = tokenizer.convert_tokens_to_ids("</tool_call>")
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    text = call_grammar(family, [ToolGrammar("f", schema)], CallVocabulary(end, (eos,), {}))
+    assert text is not None
+    grammar = llguidance.LLMatcher.grammar_from_lark(text)
+    llg = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
+    matcher = llguidance.LLMatcher(llg, grammar, log_level=0)
+    assert not matcher.is_error(), matcher.get_error()
+
+
+@pytest.mark.parametrize(
+    "family, body",
+    [
+        ("pythonic", '[get_time(zone="UTC", hour=3)]'),
+        ("json_tools", '\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n'),
+        (
+            "kimi_k2",
+            '<|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>{"zone": "UTC"}<|tool_call_end|>',
+        ),
+    ],
+)
+def test_a_tool_without_listed_properties_takes_any_keys(family: str, body: str) -> None:
+    assert Family(family, special=False).accepts(body)

@@ -55,6 +55,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mlxtrio import launch  # noqa: E402
+from mlxtrio.launch.agents import install_hint  # noqa: E402
+from mlxtrio.launch.server import ServerClient, target_from, wait_ready  # noqa: E402
 from mlxtrio.settings import Settings  # noqa: E402
 
 NOTES = "The secret word is pineapple.\nKeep this file short.\n"
@@ -434,9 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"server: pid {server.pid} on {launch.client_url(settings)}, log {server.log_path}")
     results: list[Result] = []
     try:
-        client = launch.ServerClient(launch.client_url(settings))
-        entry = launch.wait_ready(client, settings.served_model_name, server=server, timeout=120)
-        target = launch.target_from(settings, settings.served_model_name, entry)
+        client = ServerClient(launch.client_url(settings))
+        entry = wait_ready(client, settings.served_model_name, server=server, timeout=120)
+        target = target_from(settings, settings.served_model_name, entry)
         print(
             f"model: {target.model}, context {target.context}, output cap {target.output}; "
             f"work directory {root}"
@@ -445,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             binary = find_binary(name, args.agents_dir)
             if binary is None:
-                results.append(Result(name, missing=launch.install_hint(name)))
+                results.append(Result(name, missing=install_hint(name)))
                 continue
             print(
                 f"{name} {version(binary, _isolated(os.environ, home))} ({CLIENTS[name].api}):",

@@ -5,8 +5,10 @@ Converters (``api/*/convert.py``) record each image as an :class:`ImageInput`
 without looking inside it: the base64 text or the URL, the media type the client
 claimed, and the request field it stood in. :func:`check` then decodes it under
 :class:`ImageLimits` — bytes, dimensions, total pixels (decompression bombs),
-a media type that matches the bytes — and returns a :class:`CheckedImage`
-carrying the content hash that names it. Decoding is CPU work: callers run
+a format the server reads — and returns a :class:`CheckedImage` carrying the
+content hash that names it. The media type a client claims is not held
+against it: clients label screenshots loosely (``data:image/jpeg`` on a PNG,
+``image/jpg``), the bytes say what the image is. Decoding is CPU work: callers run
 :func:`check` on a worker thread. Fetching a remote URL is opt-in
 (``fetch_image_urls``); by default a server must not fetch what a prompt names.
 """
@@ -16,10 +18,11 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import http.client
 import io
+import time
 import urllib.error
 import urllib.request
-import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,7 +35,11 @@ MEDIA_TYPES = {
     "image/gif": "GIF",
     "image/webp": "WEBP",
 }
-FETCH_TIMEOUT = 10.0  # seconds for one remote image, when fetching is allowed
+# Pillow's name for a phone camera's multi-picture JPEG (HDR gain maps): a JPEG.
+PILLOW_ALIASES = {"MPO": "image/jpeg"}
+# Media type spellings clients send for the same formats.
+MEDIA_TYPE_ALIASES = {"image/jpg": "image/jpeg", "image/pjpeg": "image/jpeg"}
+FETCH_SECONDS = 10.0  # for the whole of one remote image, when fetching is allowed
 
 
 @dataclass(frozen=True)
@@ -50,8 +57,8 @@ class ImageInput:
 
 @dataclass(frozen=True)
 class CheckedImage:
-    """An image that decoded within the limits. ``digest`` (SHA-256 of the
-    bytes) names its content: the same pixels sent again hash the same."""
+    """An image that decoded within the limits. ``digest`` (SHA-256 of its
+    bytes) names its content: the same file sent again hashes the same."""
 
     input: ImageInput
     media_type: str
@@ -63,7 +70,7 @@ class CheckedImage:
 
 @dataclass(frozen=True)
 class ImageLimits:
-    max_bytes: int = 8 << 20
+    max_bytes: int = 5 << 20
     max_side: int = 8000  # pixels, either dimension
     max_pixels: int = 32 << 20  # width x height
     max_count: int = 100  # per request
@@ -90,14 +97,15 @@ def from_data_url(url: str, param: str, detail: str | None = None) -> ImageInput
     """An image given as a URL: a ``data:<mime>;base64,<payload>`` URL, or a
     remote ``http(s)`` one (fetched only when the server allows it). Anything
     else is a :class:`ConversationError` naming ``param``."""
-    if url.startswith("data:"):
+    if url[:5].lower() == "data:":
         header, comma, payload = url[5:].partition(",")
-        media_type, _, encoding = header.partition(";")
-        if not comma or encoding != "base64":
+        # data:[<media type>][;name=value...];base64 - the claimed type is not
+        # held against the bytes (see the module docstring).
+        if not comma or header.split(";")[-1].strip().lower() != "base64":
             raise image_error(
                 "an image data URL must be base64: data:<media type>;base64,<data>", param
             )
-        return ImageInput("base64", payload, param, media_type or None, detail)
+        return ImageInput("base64", payload, param, None, detail)
     if url.startswith(("http://", "https://")):
         return ImageInput("url", url, param, None, detail)
     raise image_error(
@@ -117,11 +125,6 @@ def check(image: ImageInput, limits: ImageLimits) -> CheckedImage:
     if len(data) > limits.max_bytes:
         raise _too_big(image, len(data), limits)
     media_type, width, height = _decode(data, image, limits)
-    claimed = image.media_type
-    if claimed is not None and claimed != media_type:
-        raise image_error(
-            f"the image's media type says {claimed} but its bytes are {media_type}", image.param
-        )
     digest = hashlib.sha256(data).hexdigest()
     return CheckedImage(image, media_type, width, height, digest, len(data))
 
@@ -141,16 +144,22 @@ def _bytes_of(image: ImageInput, limits: ImageLimits) -> bytes:
     if image.source == "url":
         return _fetch(image, limits)
     claimed = image.media_type
-    if claimed is not None and claimed not in MEDIA_TYPES:
-        raise image_error(
-            f"unsupported image media type {claimed!r}: send one of {', '.join(MEDIA_TYPES)}",
-            image.param,
-        )
+    if claimed is not None:
+        claimed = claimed.strip().lower()
+        if MEDIA_TYPE_ALIASES.get(claimed, claimed) not in MEDIA_TYPES:
+            raise image_error(
+                f"unsupported image media type {image.media_type!r}: send one of "
+                f"{', '.join(MEDIA_TYPES)}",
+                image.param,
+            )
+    text = "".join(image.data.split())  # base64 wrapped in lines is still base64
     # Refuse by length before decoding: 4 base64 characters carry 3 bytes.
-    if len(image.data) // 4 * 3 > limits.max_bytes + 3:
-        raise _too_big(image, len(image.data) // 4 * 3, limits)
+    if len(text) // 4 * 3 > limits.max_bytes + 3:
+        raise _too_big(image, len(text) // 4 * 3, limits)
+    # The URL-safe alphabet and missing padding are accepted (clients send both).
+    text = text.replace("-", "+").replace("_", "/")
     try:
-        return base64.b64decode("".join(image.data.split()), validate=True)
+        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
     except (binascii.Error, ValueError):
         raise image_error("the image's data is not valid base64", image.param) from None
 
@@ -164,20 +173,42 @@ def _fetch(image: ImageInput, limits: ImageLimits) -> bytes:
             image.param,
         )
     opener = urllib.request.build_opener(_HttpOnlyRedirects)
+    deadline = time.monotonic() + FETCH_SECONDS
+    chunks: list[bytes] = []
+    size = 0
     try:
-        with opener.open(image.data, timeout=FETCH_TIMEOUT) as response:
-            data: bytes = response.read(limits.max_bytes + 1)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+        with opener.open(image.data, timeout=FETCH_SECONDS) as response:
+            # Read in pieces under one deadline: the socket timeout alone
+            # bounds each read, and a server that drips would hold the thread.
+            while size <= limits.max_bytes:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not fetched within {FETCH_SECONDS:g} s")
+                chunk = response.read(64 << 10)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+    except urllib.error.HTTPError as exc:
+        raise image_error(f"could not fetch the image (HTTP {exc.code})", image.param) from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", None) or exc
         raise image_error(f"could not fetch the image: {reason}", image.param) from None
-    return data
+    return b"".join(chunks)
 
 
 class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
     """A fetched image may redirect only to another http(s) URL (urllib would
     follow ftp too)."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
         if not newurl.startswith(("http://", "https://")):
             raise urllib.error.URLError(f"redirected to a non-http URL ({newurl[:40]!r})")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
@@ -189,10 +220,14 @@ def _decode(data: bytes, image: ImageInput, limits: ImageLimits) -> tuple[str, i
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(io.BytesIO(data)) as picture:
+        # Only the four formats are parsed at all (MPO is Pillow's JPEG variant).
+        formats = [*MEDIA_TYPES.values(), *PILLOW_ALIASES]
+        with Image.open(io.BytesIO(data), formats=formats) as picture:
             fmt = picture.format or ""
             width, height = picture.size
-            media_type = next((m for m, f in MEDIA_TYPES.items() if f == fmt), None)
+            media_type = PILLOW_ALIASES.get(fmt) or next(
+                (m for m, f in MEDIA_TYPES.items() if f == fmt), None
+            )
             if media_type is None:
                 raise image_error(
                     f"unsupported image format {fmt or 'unknown'}: send one of "
@@ -202,18 +237,19 @@ def _decode(data: bytes, image: ImageInput, limits: ImageLimits) -> tuple[str, i
             # Checked from the header alone, before a single pixel is decoded:
             # a small file that would decode to gigabytes never gets that far.
             _check_dimensions(width, height, image, limits)
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", Image.DecompressionBombWarning)
-                picture.load()
+            picture.load()
     except ConversationError:
         raise
     except UnidentifiedImageError:
         raise image_error(
             "the image could not be decoded (not a PNG, JPEG, GIF or WebP image)", image.param
         ) from None
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise image_error("the image decodes to too many pixels", image.param) from None
-    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+    except Image.DecompressionBombError:
+        # Pillow's own ceiling, for an image_max_pixels set above it.
+        raise image_error(
+            "the image decodes to too many pixels (setting image_max_pixels)", image.param
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - whatever a decoder raises, it is the image's fault
         raise image_error(f"the image could not be decoded ({exc})", image.param) from None
     return media_type, width, height
 

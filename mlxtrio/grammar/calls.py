@@ -79,9 +79,12 @@ def _params(tool: ToolGrammar) -> list[_Param] | None:
         return None
     required = set(tool.schema.get("required") or ())
     defs = {k: tool.schema[k] for k in ("$defs", "definitions") if k in tool.schema}
+    # A property's schema may be a boolean: true takes any value, false none
+    # (so the property is never written).
     return [
-        _Param(key, {**sub, **defs} if isinstance(sub, dict) else sub, key in required)
+        _Param(key, {**sub, **defs} if isinstance(sub, dict) else {}, key in required)
         for key, sub in properties.items()
+        if sub is not False
     ]
 
 

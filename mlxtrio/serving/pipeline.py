@@ -166,7 +166,7 @@ class PreparedTurn:
 
 
 async def prepare(request: TurnRequest) -> PreparedTurn:
-    """Steps 1-6 of the module docstring, within the current call. Raises
+    """Steps 0-6 of the module docstring, within the current call. Raises
     :class:`ApiError` for anything that is the request's fault."""
     engine, prompt = await render_for_model(request.model, request.conversation)
     max_tokens = output_budget(engine, prompt, request)
