@@ -62,7 +62,9 @@ def main() -> None:
     models.mkdir()
     source = small_model()
     for name in ("alpha", "beta"):
-        shutil.copytree(source, models / name)
+        # Plain copies (new modification times): two models to the disk tier,
+        # whose cache is named by the weights' names, sizes and times.
+        shutil.copytree(source, models / name, copy_function=shutil.copy)
     port = 8700 + int(time.time()) % 200
     url = f"http://127.0.0.1:{port}"
     argv = [

@@ -261,3 +261,32 @@ async def test_load_and_unload_endpoints_and_aliases(
     # The alias resolves to the model, and loads it.
     assert (await ask(server, "fast")).status_code == 200
     assert (await states(server))["hybrid"] == "loaded"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+async def test_switching_models_costs_no_thread(
+    server_factory: ServerFactory, models_dir: str, no_hf_cache: None
+) -> None:
+    """MLX keeps a thread's streams (a native thread each, and buffers) after
+    the thread ends: engines run on pooled threads, so switching back and forth
+    leaves the process's threads as they were after the first switch."""
+
+    def os_threads() -> int:
+        return len(list(Path("/proc/self/task").iterdir()))
+
+    server = await on_demand(server_factory, models_dir, max_loaded_models=1)
+    async with server.client() as client:
+
+        async def load(model: str) -> None:
+            answer = await client.post("/v1/models/load", json={"model": model})
+            assert answer.status_code == 200, answer.text
+            assert (await ask(server, model)).status_code == 200
+
+        await load("qwen")
+        await load(MAIN)
+        before = os_threads()
+        for _ in range(3):
+            await load("qwen")
+            await load(MAIN)
+    # Trio's idle worker threads come and go: a little slack, not one per switch.
+    assert os_threads() <= before + 2

@@ -62,6 +62,7 @@ from mlxtrio.settings import Settings  # noqa: E402
 NOTES = "The secret word is pineapple.\nKeep this file short.\n"
 FIRST_PROMPT = "Read notes.txt, then edit it: replace the word pineapple with mango."
 SECOND_PROMPT = "Read notes.txt again and tell me what it says now."
+MAX_TURNS = 24  # model turns per Claude Code run
 LOG_SETTLE = 1.0  # seconds for the server's last access lines after a client exits
 
 ACCESS = re.compile(
@@ -78,6 +79,9 @@ def claude_args(step: int) -> list[str]:
     args += ["--output-format", "stream-json", "--verbose"]
     # Edits allowed, anything else that would ask is refused (nobody answers).
     args += ["--permission-mode", "acceptEdits", "--permission-prompts", "none"]
+    # The tiny model can call Read over and over: a bounded run (Claude Code
+    # itself has no limit in print mode; run 1 went 200+ turns, 2026-12-03).
+    args += ["--max-turns", str(MAX_TURNS)]
     return args + (["--continue"] if step == 2 else [])
 
 

@@ -41,7 +41,6 @@ import gc
 import itertools
 import logging
 import queue
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -62,6 +61,7 @@ from .model import LoadedModel, load_model
 from .schedule import LocalSchedule, Schedule
 from .sizing import MIN_CAPACITY
 from .supervisor import EngineState, Supervisor
+from .threads import EngineThread
 from .types import EngineStats, Entry, GenerationStats, LoadProgress, Match, SamplingParams
 
 log = logging.getLogger("mlxtrio.engine")
@@ -96,7 +96,7 @@ class Engine:
         self.loaded: LoadedModel | None = None
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._serials = itertools.count(1)
-        self._thread: threading.Thread | None = None
+        self._thread: EngineThread | None = None
         self._trio_token: trio.lowlevel.TrioToken | None = None
         self._ready = trio.Event()
         self._live = LiveHandles()  # submitted, not yet terminated
@@ -168,12 +168,8 @@ class Engine:
 
     def start_thread(self, delay: float = 0.0) -> None:
         """Start (or restart, after ``delay`` seconds) the engine thread."""
-        self._thread = threading.Thread(
-            target=self._thread_main,
-            args=(delay,),
-            name=f"mlxtrio-engine-{self.name}",
-            daemon=True,
-        )
+        # A pooled thread, not a new one: see .threads for why.
+        self._thread = EngineThread(self._thread_main, (delay,), f"mlxtrio-engine-{self.name}")
         self._thread.start()
 
     async def wait_ready(self) -> None:

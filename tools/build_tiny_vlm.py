@@ -1,0 +1,332 @@
+"""Build tiny random-weight VLM checkpoints offline (nothing downloaded).
+
+    python tools/build_tiny_vlm.py OUT_DIR [--seed 0] [--dtype float32|bfloat16]
+
+Writes OUT_DIR/qwen2_5_vl, OUT_DIR/qwen3_vl and OUT_DIR/gemma3: each a
+checkpoint that mlx_vlm.load() (model + processor) and mlx_lm.load() (text
+part) both read. Tokenizer: mlxtrio's tiny-chat BPE (4096 ids) plus the
+family's image tokens. Weights: mlx-vlm's own module init under a fixed seed
+(deterministic), saved under mlx-vlm's parameter names (a superset of
+mlx-lm's, so both loaders accept the file). Needs mlx-vlm importable
+(``pip install mlx-vlm==0.7.10``; checked with mlx 0.32.4, mlx-lm 0.32.2).
+
+These are the checkpoints the vision work (serving images to VLMs) is to be
+tested on; mlxtrio does not serve VLMs yet: an image reaches every model as a
+placeholder (README, "Images"). Checked so far, outside the test suite:
+``mlx_vlm.load`` + generation with an image (image-dependent output) for all
+three, ``mlx_lm.load`` of the text part. Qwen needs untied output weights: tied,
+a tiny random stack echoes its input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from tokenizers import AddedToken, Tokenizer
+
+TINY_CHAT = Path(__file__).resolve().parent.parent / "mlxtrio" / "assets" / "tiny-chat"
+VOCAB = 4160  # 4096 BPE ids + room for the image tokens, a multiple of 64
+CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+
+# Chat templates: tiny-chat's ChatML turns; list content may hold image parts.
+# '@IMAGE@' below is replaced by the family's per-image placeholder text.
+TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message.role + '\\n' -}}"
+    "{%- if message.content is string -%}{{- message.content -}}"
+    "{%- else -%}{%- for part in message.content -%}"
+    "{%- if part.type == 'image' or part.type == 'image_url' or 'image' in part -%}{{- '@IMAGE@' -}}"
+    "{%- elif part.type == 'text' -%}{{- part.text -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def write_tokenizer(out: Path, extra: list[str], extra_config: dict) -> dict[str, int]:
+    tok = Tokenizer.from_file(str(TINY_CHAT / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in extra])
+    tok.save(str(out / "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in extra}
+    cfg = json.loads((TINY_CHAT / "tokenizer_config.json").read_text())
+    cfg.pop("added_tokens_decoder", None)
+    cfg["additional_special_tokens"] = list(cfg.get("additional_special_tokens", [])) + extra
+    cfg.update(extra_config)
+    cfg.pop("chat_template", None)  # written as chat_template.jinja
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    shutil.copy(TINY_CHAT / "special_tokens_map.json", out / "special_tokens_map.json")
+    return ids
+
+
+def save(out: Path, config: dict, dtype: str, seed: int, drop: tuple[str, ...] = ()) -> None:
+    from mlx_vlm.utils import get_model_and_args, update_module_configs
+
+    mx.random.seed(seed)
+    arch, _ = get_model_and_args(config)
+    # As mlx_vlm.utils.load_model does: from_dict may fill text_config in place.
+    raw = json.loads(json.dumps(config))
+    raw.setdefault("text_config", {})
+    raw.setdefault("vision_config", {})
+    cfg = arch.ModelConfig.from_dict(raw)
+    cfg = update_module_configs(cfg, arch, raw, ["text", "vision"])
+    model = arch.Model(cfg)
+    flat = dict(tree_flatten(model.parameters()))
+    flat = {k: v.astype(getattr(mx, dtype)) for k, v in flat.items() if k not in drop}
+    mx.save_safetensors(str(out / "model.safetensors"), flat, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": config["eos_token_id"]})
+    )
+
+
+def build_qwen2_5_vl(out: Path, dtype: str, seed: int) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    toks = [
+        "<|vision_start|>",
+        "<|vision_end|>",
+        "<|vision_pad|>",
+        "<|image_pad|>",
+        "<|video_pad|>",
+    ]
+    ids = write_tokenizer(out, toks, {})
+    (out / "chat_template.jinja").write_text(
+        TEMPLATE.replace("@IMAGE@", "<|vision_start|><|image_pad|><|vision_end|>")
+    )
+    config = {
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "model_type": "qwen2_5_vl",
+        # The text model's fields live at the root (the HF Qwen2.5-VL layout).
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},  # head_dim 16
+        "tie_word_embeddings": False,  # tied, a tiny random stack echoes its input
+        "torch_dtype": dtype,
+        "eos_token_id": [2, 0],
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "vision_token_id": ids["<|vision_pad|>"],
+        "vision_config": {
+            "model_type": "qwen2_5_vl",
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "out_hidden_size": 64,
+            "num_heads": 2,
+            "patch_size": 14,
+            "spatial_patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "window_size": 56,
+            "fullatt_block_indexes": [1],
+            "in_channels": 3,
+            "tokens_per_second": 2,
+        },
+    }
+    save(out, config, dtype, seed)
+    pre = {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "Qwen2_5_VLProcessor",
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "min_pixels": 56 * 56,
+        "max_pixels": 28 * 28 * 64,  # at most 64 image tokens per image
+        "image_mean": CLIP_MEAN,
+        "image_std": CLIP_STD,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+    }
+    (out / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
+
+
+def build_qwen3_vl(out: Path, dtype: str, seed: int) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    toks = [
+        "<|vision_start|>",
+        "<|vision_end|>",
+        "<|vision_pad|>",
+        "<|image_pad|>",
+        "<|video_pad|>",
+    ]
+    ids = write_tokenizer(out, toks, {})
+    (out / "chat_template.jinja").write_text(
+        TEMPLATE.replace("@IMAGE@", "<|vision_start|><|image_pad|><|vision_end|>")
+    )
+    config = {
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "model_type": "qwen3_vl",
+        "torch_dtype": dtype,
+        "eos_token_id": [2, 0],
+        "vocab_size": VOCAB,
+        "tie_word_embeddings": False,
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "text_config": {
+            "model_type": "qwen3_vl_text",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": VOCAB,
+            "max_position_embeddings": 32768,
+            "rope_theta": 5000000.0,
+            "rope_scaling": {
+                "rope_type": "default",
+                "mrope_section": [2, 3, 3],
+                "mrope_interleaved": True,
+            },
+            "tie_word_embeddings": False,
+        },
+        "vision_config": {
+            "model_type": "qwen3_vl",
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "out_hidden_size": 64,
+            "num_heads": 2,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+            "num_position_embeddings": 64,  # an 8 x 8 grid of learned positions
+            "deepstack_visual_indexes": [0],
+            "hidden_act": "gelu_pytorch_tanh",
+        },
+    }
+    save(out, config, dtype, seed)
+    pre = {
+        "image_processor_type": "Qwen2VLImageProcessorFast",
+        "processor_class": "Qwen3VLProcessor",
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "size": {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64},
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+    }
+    (out / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
+
+
+def build_gemma3(out: Path, dtype: str, seed: int) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    toks = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+    ids = write_tokenizer(
+        out,
+        toks,
+        # transformers 5: named extra special tokens become tokenizer.boi_token,
+        # tokenizer.image_token_id, ... which Gemma3Processor reads.
+        {
+            "extra_special_tokens": {
+                "boi_token": "<start_of_image>",
+                "eoi_token": "<end_of_image>",
+                "image_token": "<image_soft_token>",
+            }
+        },
+    )
+    (out / "chat_template.jinja").write_text(TEMPLATE.replace("@IMAGE@", "<start_of_image>"))
+    mm_tokens = 4  # (image_size / patch_size / kernel)^2 = (56/14/2)^2
+    config = {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "torch_dtype": dtype,
+        "eos_token_id": [2, 0],
+        "pad_token_id": 0,
+        "image_token_index": ids["<image_soft_token>"],
+        "boi_token_index": ids["<start_of_image>"],
+        "eoi_token_index": ids["<end_of_image>"],
+        "mm_tokens_per_image": mm_tokens,
+        "hidden_size": 64,
+        "vocab_size": VOCAB,  # mlx-lm's gemma3 reads the root value
+        "text_config": {
+            "model_type": "gemma3_text",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": VOCAB,
+            "sliding_window": 16,
+            "sliding_window_pattern": 2,  # layer 0 sliding, layer 1 global
+            "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0,
+            "max_position_embeddings": 32768,
+            "mm_tokens_per_image": mm_tokens,
+        },
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "patch_size": 14,
+            "image_size": 56,
+            "num_channels": 3,
+            "layer_norm_eps": 1e-6,
+        },
+    }
+    # Gemma 3 ties its output layer to the embeddings: no lm_head in the file.
+    save(out, config, dtype, seed, drop=("language_model.lm_head.weight",))
+    pre = {
+        "image_processor_type": "Gemma3ImageProcessor",
+        "processor_class": "Gemma3Processor",
+        "size": {"height": 56, "width": 56},
+        "do_resize": True,
+        "resample": 2,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "do_convert_rgb": True,
+        "do_pan_and_scan": False,
+    }
+    (out / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
+    (out / "processor_config.json").write_text(
+        json.dumps({"processor_class": "Gemma3Processor", "image_seq_length": mm_tokens}, indent=2)
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="float32")
+    a = ap.parse_args()
+    out = Path(a.out)
+    build_qwen2_5_vl(out / "qwen2_5_vl", a.dtype, a.seed)
+    build_gemma3(out / "gemma3", a.dtype, a.seed + 1)
+    build_qwen3_vl(out / "qwen3_vl", a.dtype, a.seed + 2)
+
+
+if __name__ == "__main__":
+    main()
