@@ -126,8 +126,18 @@ def test_a_harmony_model_is_detected_and_its_stops_set(oss: LoadedModel) -> None
             '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"ci',
             {"reasoning": "", "text": "", "calls": []},
         ),
+        (  # header markers inside a message's text are not shown
+            "<|channel|>analysis<|message|>Th<|constrain|>ink<|channel|>.<|end|><|start|>assistant"
+            "<|channel|>final<|message|>Hel<|startoftext|>lo<|message|>!<|return|>",
+            {"reasoning": "Think.", "text": "Hello!", "calls": []},
+        ),
+        (  # a message that starts without ending the last one
+            "<|channel|>analysis<|message|>Plan.<|start|>assistant<|channel|>final<|message|>Done"
+            "<|return|>",
+            {"reasoning": "Plan.", "text": "Done", "calls": []},
+        ),
     ],
-    ids=["final", "call", "role-recipient", "cut-analysis", "cut-call"],
+    ids=["final", "call", "role-recipient", "cut-analysis", "cut-call", "stray", "no-end"],
 )
 def test_the_output_is_split_by_channel(
     oss: LoadedModel, completion: str, expected: dict[str, Any]

@@ -49,10 +49,22 @@ RESPONSE_FORMAT: dict[str, Any] = {
             ("<|channel|>commentary<|message|>", "normal"),  # a preamble
             (CALL_START, "tool"),  # the recipient, before or after the channel
         ],
-        "reasoning": [("<|end|>", "header")],
-        "normal": [("<|end|>", "header")],
+        "reasoning": [("<|end|>", "header"), ("<|start|>", "header")],
+        "normal": [("<|end|>", "header"), ("<|start|>", "header")],
     },
 }
+# Markers that belong in a message's header, written inside its text by a
+# confused (or random-weight) model: dropped, never shown. A ``<|start|>``
+# there begins the next message, as if ``<|end|>`` had come first.
+STRAY_MARKERS = (
+    "<|channel|>",
+    "<|message|>",
+    "<|constrain|>",
+    "<|startoftext|>",
+    "<|endofprompt|>",
+)
+for _state in ("reasoning", "normal"):
+    RESPONSE_FORMAT["transitions"][_state] += [(m, _state) for m in STRAY_MARKERS]
 
 _CALL = re.compile(r"^(?P<name>[^\s<]+)(?P<header>.*?)<\|message\|>(?P<arguments>.*)$", re.S)
 
