@@ -4,6 +4,7 @@ WebSocket client is not Trio's) against the real server and scripted model."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from functools import partial
@@ -172,6 +173,38 @@ async def test_warm_up_prefills_without_output(scripted: Server) -> None:
     done = _final(real)
     assert [i["type"] for i in done["output"]][-1] == "function_call"
     assert done["usage"]["input_tokens_details"]["cached_tokens"] > 0
+
+
+async def test_a_tools_only_warm_up_is_not_taken_for_a_cached_turn(
+    scripted: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Codex's first warm-up (tools only) is not prefilled, so the real turn
+    after it is a new conversation to the cache watch, not a divergence from a
+    turn that was never cached (seen with gpt-oss: "reused 0 of 16650 ...
+    parted from the session's previous turn at token 286")."""
+    caplog.set_level(logging.INFO, "mlxtrio")
+
+    def script(connection: Any) -> Events:
+        session = {"model": SCRIPTED, "tools": [WEATHER_TOOL], "prompt_cache_key": "thread-1"}
+        _turn(connection, input=[], generate=False, **session)
+        messages = [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": "Weather?"},
+        ]
+        return _turn(connection, input=messages, **session)
+
+    await _session(scripted, script, api_key="unused")
+
+    def turns() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "mlxtrio.access" and "response.create" in r.getMessage()
+        ]
+
+    await wait_until(lambda: len(turns()) == 2, what="both turns' access lines")
+    assert "miss=new_conversation" in turns()[1]
+    assert not [r for r in caplog.records if "parted from" in r.getMessage()]
 
 
 async def test_a_warm_up_can_be_followed_by_a_whole_history(scripted: Server) -> None:

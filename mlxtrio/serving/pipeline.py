@@ -74,6 +74,10 @@ class TurnRequest:
     cache_domain: str = ""  # narrows the client's cache domain (``cache_salt``)
     continuation: bool = False  # continues a stored response (cache header wording)
     session: str | None = None  # the conversation it belongs to (``prompt_cache_key``)
+    # False: the turn is answered without running (a warm-up with nothing to
+    # prefill); its prompt never reaches the cache, so the cache watch does not
+    # take it for the session's previous turn.
+    runs: bool = True
 
 
 @dataclass(frozen=True)
@@ -181,7 +185,8 @@ async def prepare(request: TurnRequest) -> PreparedTurn:
     kv_bytes = _kv_bytes(engine, len(prompt.tokens) + max_tokens)
     ticket = reserve_place(services().lanes[engine.name])
     cache = await lookup(engine, prompt, request.cache_domain, request.continuation)
-    _watch_cache(engine, request, prompt, cache)
+    if request.runs:
+        _watch_cache(engine, request, prompt, cache)
     return PreparedTurn(engine, request, prompt, sampling, ticket, cache, kv_bytes)
 
 

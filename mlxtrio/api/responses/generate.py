@@ -50,7 +50,8 @@ async def begin(
     :class:`~mlxtrio.http.errors.ApiError` for anything that is the request's
     fault."""
     turn = await build_turn(request, recall, allow_empty=warm_up)
-    prepared = await prepare(turn.turn_request())
+    runs = not warm_up or turn.has_a_prompt_of_its_own
+    prepared = await prepare(turn.turn_request(runs=runs))
     return ResponseTurn(turn, prepared, initial_response(turn, prepared))
 
 

@@ -181,7 +181,7 @@ async def _warm_up(run: ResponseTurn, connection: Connection) -> None:
     messages ahead of the tools, so the next turn's prompt would part from
     it within a few tokens and the work would be lost."""
     response = run.response
-    if run.turn.delta or run.turn.instructions or run.turn.request.previous_response_id:
+    if run.turn.has_a_prompt_of_its_own:
         prepared = run.prepared
         prepared.sampling = replace(prepared.sampling, max_tokens=1, constraints=())
         result = await prepared.complete(make_assembler(run.turn, response).on_segment)

@@ -39,8 +39,17 @@ class Turn:
     owner: str  # the client's domain: who may read and continue it
     chain: list[StoredResponse] = field(default_factory=list)  # the turns it continues
 
-    def turn_request(self) -> TurnRequest:
-        """What the serving pipeline is asked to generate."""
+    @property
+    def has_a_prompt_of_its_own(self) -> bool:
+        """False for a turn with no messages, no instructions and no stored
+        chain (Codex's first warm-up: tools only): chat templates put the
+        system and developer messages ahead of the tools, so the next turn's
+        prompt parts from its prompt within a few tokens."""
+        return bool(self.delta or self.instructions or self.request.previous_response_id)
+
+    def turn_request(self, *, runs: bool = True) -> TurnRequest:
+        """What the serving pipeline is asked to generate; ``runs=False``: the
+        turn will be answered without running (see :class:`TurnRequest`)."""
         request = self.request
         return TurnRequest(
             request.model,
@@ -50,6 +59,7 @@ class Turn:
             cache_domain=cache_domain(request),
             continuation=request.previous_response_id is not None,
             session=request.prompt_cache_key,
+            runs=runs,
         )
 
 
