@@ -393,3 +393,30 @@ async def test_an_image_resent_next_turn_is_not_decoded_again(
     assert decoded == ["messages.0.content.0"]
     await ask_messages(server, [anthropic_image(encode(color=(9, 9, 8)))])
     assert len(decoded) == 2
+
+
+async def test_a_vision_checkpoint_is_said_to_be_served_as_text(
+    server_factory: ServerFactory,
+    scripted_model_path: str,
+    tmp_path: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """mlx-lm loads a VLM checkpoint's language model alone: the log says the
+    model will not see, and its images reach it as placeholders."""
+    import json
+    import shutil
+
+    vlm = tmp_path / "looks-like-a-vlm"
+    shutil.copytree(scripted_model_path, vlm)
+    config = json.loads((vlm / "config.json").read_text())
+    (vlm / "config.json").write_text(json.dumps({**config, "vision_config": {"depth": 2}}))
+    caplog.set_level(logging.INFO, "mlxtrio")
+    server = await server_factory(model=str(vlm))
+    (warning,) = [r for r in caplog.records if "vision-language model" in r.getMessage()]
+    assert warning.levelname == "WARNING" and "served as text only" in warning.getMessage()
+    answer = await server.anthropic().messages.create(
+        model="looks-like-a-vlm",
+        max_tokens=4,
+        messages=[{"role": "user", "content": [anthropic_image(), {"type": "text", "text": "Hi"}]}],
+    )
+    assert answer.usage.input_tokens > 0

@@ -166,6 +166,15 @@ def load_model(
         loaded.context_length,
         loaded.dtype,
     )
+    if "vision_config" in config:
+        # mlx-lm loads a VLM checkpoint's language model and drops its vision
+        # tower: say so, or a user would wonder why the model never sees.
+        log.warning(
+            "model %s is a vision-language model (%s): served as text only, its images "
+            "reach it as placeholders (mlxtrio does not run vision towers yet)",
+            name,
+            config.get("model_type", "?"),
+        )
     return loaded
 
 
