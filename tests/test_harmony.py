@@ -127,7 +127,7 @@ def test_a_harmony_model_is_detected_and_its_stops_set(oss: LoadedModel) -> None
             {"reasoning": "", "text": "", "calls": []},
         ),
         (  # header markers inside a message's text are not shown
-            "<|channel|>analysis<|message|>Th<|constrain|>ink<|channel|>.<|end|><|start|>assistant"
+            "<|channel|>analysis<|message|>Th<|constrain|>ink<|endofprompt|>.<|end|><|start|>assistant"
             "<|channel|>final<|message|>Hel<|startoftext|>lo<|message|>!<|return|>",
             {"reasoning": "Think.", "text": "Hello!", "calls": []},
         ),
@@ -136,8 +136,27 @@ def test_a_harmony_model_is_detected_and_its_stops_set(oss: LoadedModel) -> None
             "<|return|>",
             {"reasoning": "Plan.", "text": "Done", "calls": []},
         ),
+        (  # a channel that starts without ending the last message: a call
+            "<|channel|>analysis<|message|>Plan.<|channel|>commentary to=functions.get_weather"
+            ' json<|message|>{"city": "Oslo"}<|call|>',
+            {"reasoning": "Plan.", "text": "", "calls": [("get_weather", {"city": "Oslo"})]},
+        ),
+        (  # ... or the answer
+            "<|channel|>analysis<|message|>Plan.<|channel|>final<|message|>Hello<|return|>",
+            {"reasoning": "Plan.", "text": "Hello", "calls": []},
+        ),
     ],
-    ids=["final", "call", "role-recipient", "cut-analysis", "cut-call", "stray", "no-end"],
+    ids=[
+        "final",
+        "call",
+        "role-recipient",
+        "cut-analysis",
+        "cut-call",
+        "stray",
+        "no-end",
+        "no-end-call",
+        "no-end-final",
+    ],
 )
 def test_the_output_is_split_by_channel(
     oss: LoadedModel, completion: str, expected: dict[str, Any]

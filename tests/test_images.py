@@ -20,6 +20,7 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+import trio
 from PIL import Image
 
 from mlxtrio.chat.conversation import IMAGE_PLACEHOLDER
@@ -420,3 +421,50 @@ async def test_a_vision_checkpoint_is_said_to_be_served_as_text(
         messages=[{"role": "user", "content": [anthropic_image(), {"type": "text", "text": "Hi"}]}],
     )
     assert answer.usage.input_tokens > 0
+
+
+async def test_what_is_remembered_of_an_image_is_its_facts_not_its_claims(server: Server) -> None:
+    """A payload that passed once is not decoded again, but each request's own
+    claim is still checked: the same bytes labelled as a PDF are refused."""
+    png = encode(color=(4, 5, 6))
+    await ask_messages(server, [anthropic_image(png)])
+    with pytest.raises(anthropic.BadRequestError, match="unsupported image media type"):
+        await ask_messages(server, [anthropic_image(png, "application/pdf")])
+
+
+@pytest.fixture
+def silent_host() -> Iterator[str]:
+    """An HTTP server that sends its headers and then nothing, for ever."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    stop = threading.Event()
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        connection.recv(4096)
+        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\nxx")
+        stop.wait(30)
+        connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/slow.png"
+    finally:
+        stop.set()
+        listener.close()
+
+
+async def test_a_fetch_that_stalls_ends_at_its_deadline(
+    server_factory: ServerFactory, silent_host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlxtrio.serving import images
+
+    monkeypatch.setattr(images, "FETCH_SECONDS", 1.0)
+    server = await server_factory(fetch_image_urls=True)
+    with trio.fail_after(10):
+        with pytest.raises(openai.BadRequestError, match="within 1 s"):
+            await ask_chat(server, silent_host)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import trio
 
+from mlxtrio.engine.threads import pool_size
 from mlxtrio.serving import residency
 
 from .conftest import RawConnection, Server, ServerFactory, wait_until
@@ -284,9 +285,10 @@ async def test_switching_models_costs_no_thread(
 
         await load("qwen")
         await load(MAIN)
-        before = os_threads()
+        before, engine_threads = os_threads(), pool_size()
         for _ in range(3):
             await load("qwen")
             await load(MAIN)
+    assert pool_size() == engine_threads
     # Trio's idle worker threads come and go: a little slack, not one per switch.
     assert os_threads() <= before + 2

@@ -10,7 +10,8 @@ content hash that names it. The media type a client claims is not held
 against it: clients label screenshots loosely (``data:image/jpeg`` on a PNG,
 ``image/jpg``), the bytes say what the image is. Decoding is CPU work: callers run
 :func:`check` on a worker thread. Fetching a remote URL is opt-in
-(``fetch_image_urls``); by default a server must not fetch what a prompt names.
+(``fetch_image_urls``; :mod:`mlxtrio.serving.images` fetches); by default a
+server must not fetch what a prompt names.
 """
 
 from __future__ import annotations
@@ -18,11 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import http.client
 import io
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,7 +36,6 @@ MEDIA_TYPES = {
 PILLOW_ALIASES = {"MPO": "image/jpeg"}
 # Media type spellings clients send for the same formats.
 MEDIA_TYPE_ALIASES = {"image/jpg": "image/jpeg", "image/pjpeg": "image/jpeg"}
-FETCH_SECONDS = 10.0  # for the whole of one remote image, when fetching is allowed
 
 
 @dataclass(frozen=True)
@@ -115,11 +111,13 @@ def from_data_url(url: str, param: str, detail: str | None = None) -> ImageInput
     )
 
 
-def check(image: ImageInput, limits: ImageLimits) -> CheckedImage:
-    """``image`` decoded and checked; a :class:`ConversationError` naming its
-    field when it is not an image this server takes. Blocking (base64, a
-    remote fetch when allowed, Pillow's decode): run it on a worker thread."""
-    data = _bytes_of(image, limits)
+def check(image: ImageInput, limits: ImageLimits, fetched: bytes | None = None) -> CheckedImage:
+    """``image`` decoded and checked (``fetched``: a remote image's bytes, from
+    :func:`fetch`); a :class:`ConversationError` naming its field when it is
+    not an image this server takes. Blocking (base64, Pillow's decode): run it
+    on a worker thread."""
+    check_claim(image)
+    data = fetched if fetched is not None else _bytes_of(image, limits)
     if not data:
         raise image_error("the image is empty", image.param)
     if len(data) > limits.max_bytes:
@@ -127,6 +125,20 @@ def check(image: ImageInput, limits: ImageLimits) -> CheckedImage:
     media_type, width, height = _decode(data, image, limits)
     digest = hashlib.sha256(data).hexdigest()
     return CheckedImage(image, media_type, width, height, digest, len(data))
+
+
+def check_claim(image: ImageInput) -> None:
+    """The media type a client claims must name an image format the server
+    reads (its spelling is forgiven; whether the bytes agree is not checked)."""
+    claimed = image.media_type
+    if claimed is None:
+        return
+    normal = claimed.strip().lower()
+    if MEDIA_TYPE_ALIASES.get(normal, normal) not in MEDIA_TYPES:
+        raise image_error(
+            f"unsupported image media type {claimed!r}: send one of {', '.join(MEDIA_TYPES)}",
+            image.param,
+        )
 
 
 def check_count(images: list[ImageInput], limits: ImageLimits) -> None:
@@ -141,17 +153,8 @@ def check_count(images: list[ImageInput], limits: ImageLimits) -> None:
 
 
 def _bytes_of(image: ImageInput, limits: ImageLimits) -> bytes:
-    if image.source == "url":
-        return _fetch(image, limits)
-    claimed = image.media_type
-    if claimed is not None:
-        claimed = claimed.strip().lower()
-        if MEDIA_TYPE_ALIASES.get(claimed, claimed) not in MEDIA_TYPES:
-            raise image_error(
-                f"unsupported image media type {image.media_type!r}: send one of "
-                f"{', '.join(MEDIA_TYPES)}",
-                image.param,
-            )
+    if image.source == "url":  # not fetched (serving.images fetches, when allowed)
+        raise refuse_remote(image)
     text = "".join(image.data.split())  # base64 wrapped in lines is still base64
     # Refuse by length before decoding: 4 base64 characters carry 3 bytes.
     if len(text) // 4 * 3 > limits.max_bytes + 3:
@@ -164,54 +167,14 @@ def _bytes_of(image: ImageInput, limits: ImageLimits) -> bytes:
         raise image_error("the image's data is not valid base64", image.param) from None
 
 
-def _fetch(image: ImageInput, limits: ImageLimits) -> bytes:
-    if not limits.fetch_urls:
-        raise image_error(
-            "remote image URLs are not fetched by this server (a server must not fetch what "
-            "a prompt names): inline the image as base64 (a data URL), or start the server "
-            "with fetch_image_urls on",
-            image.param,
-        )
-    opener = urllib.request.build_opener(_HttpOnlyRedirects)
-    deadline = time.monotonic() + FETCH_SECONDS
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        with opener.open(image.data, timeout=FETCH_SECONDS) as response:
-            # Read in pieces under one deadline: the socket timeout alone
-            # bounds each read, and a server that drips would hold the thread.
-            while size <= limits.max_bytes:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"not fetched within {FETCH_SECONDS:g} s")
-                chunk = response.read(64 << 10)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-    except urllib.error.HTTPError as exc:
-        raise image_error(f"could not fetch the image (HTTP {exc.code})", image.param) from None
-    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        raise image_error(f"could not fetch the image: {reason}", image.param) from None
-    return b"".join(chunks)
-
-
-class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
-    """A fetched image may redirect only to another http(s) URL (urllib would
-    follow ftp too)."""
-
-    def redirect_request(
-        self,
-        req: urllib.request.Request,
-        fp: Any,
-        code: int,
-        msg: str,
-        headers: Any,
-        newurl: str,
-    ) -> urllib.request.Request | None:
-        if not newurl.startswith(("http://", "https://")):
-            raise urllib.error.URLError(f"redirected to a non-http URL ({newurl[:40]!r})")
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
+def refuse_remote(image: ImageInput) -> ConversationError:
+    """Why a remote image URL is not fetched (``fetch_image_urls`` is off)."""
+    return image_error(
+        "remote image URLs are not fetched by this server (a server must not fetch what "
+        "a prompt names): inline the image as base64 (a data URL), or start the server "
+        "with fetch_image_urls on",
+        image.param,
+    )
 
 
 def _decode(data: bytes, image: ImageInput, limits: ImageLimits) -> tuple[str, int, int]:

@@ -169,7 +169,9 @@ class Engine:
     def start_thread(self, delay: float = 0.0) -> None:
         """Start (or restart, after ``delay`` seconds) the engine thread."""
         # A pooled thread, not a new one: see .threads for why.
-        self._thread = EngineThread(self._thread_main, (delay,), f"mlxtrio-engine-{self.name}")
+        self._thread = EngineThread(
+            self._thread_main, (delay,), f"mlxtrio-engine-{self.name}", after=self._thread
+        )
         self._thread.start()
 
     async def wait_ready(self) -> None:

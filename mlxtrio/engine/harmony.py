@@ -38,33 +38,31 @@ CALL_END = "<|call|>"  # a stop token: never in the text, the call ends with the
 
 # How the text state machine reads a Harmony turn (the prompt ends with
 # "<|start|>assistant": output starts in a message header).
+_HEADERS = [
+    ("<|channel|>analysis<|message|>", "reasoning"),
+    ("<|channel|>final<|message|>", "normal"),
+    ("<|channel|>final <|constrain|>json<|message|>", "normal"),
+    ("<|channel|>final json<|message|>", "normal"),
+    ("<|channel|>commentary<|message|>", "normal"),  # a preamble
+    (CALL_START, "tool"),  # the recipient, before or after the channel
+]
+# Inside a message's text a model may skip ahead to the next message without
+# closing this one: ``<|start|>`` begins its header, ``<|channel|>`` its
+# channel (the "channel" state reads the rest of a header). Markers that
+# belong nowhere in text are dropped, never shown.
+_LEAVING = [("<|end|>", "header"), ("<|start|>", "header"), ("<|channel|>", "channel")]
+STRAY_MARKERS = ("<|message|>", "<|constrain|>", "<|startoftext|>", "<|endofprompt|>")
 RESPONSE_FORMAT: dict[str, Any] = {
     "initial_state": "header",
     "transitions": {
-        "header": [
-            ("<|channel|>analysis<|message|>", "reasoning"),
-            ("<|channel|>final<|message|>", "normal"),
-            ("<|channel|>final <|constrain|>json<|message|>", "normal"),
-            ("<|channel|>final json<|message|>", "normal"),
-            ("<|channel|>commentary<|message|>", "normal"),  # a preamble
-            (CALL_START, "tool"),  # the recipient, before or after the channel
-        ],
-        "reasoning": [("<|end|>", "header"), ("<|start|>", "header")],
-        "normal": [("<|end|>", "header"), ("<|start|>", "header")],
+        "header": _HEADERS,
+        "channel": [(m.removeprefix("<|channel|>"), state) for m, state in _HEADERS],
+        **{
+            state: [*_LEAVING, *((m, state) for m in STRAY_MARKERS)]
+            for state in ("reasoning", "normal")
+        },
     },
 }
-# Markers that belong in a message's header, written inside its text by a
-# confused (or random-weight) model: dropped, never shown. A ``<|start|>``
-# there begins the next message, as if ``<|end|>`` had come first.
-STRAY_MARKERS = (
-    "<|channel|>",
-    "<|message|>",
-    "<|constrain|>",
-    "<|startoftext|>",
-    "<|endofprompt|>",
-)
-for _state in ("reasoning", "normal"):
-    RESPONSE_FORMAT["transitions"][_state] += [(m, _state) for m in STRAY_MARKERS]
 
 _CALL = re.compile(r"^(?P<name>[^\s<]+)(?P<header>.*?)<\|message\|>(?P<arguments>.*)$", re.S)
 

@@ -162,7 +162,9 @@ def load_model(
         name,
         loaded.load_seconds,
         config.get("model_type", "?"),
-        config.get("num_hidden_layers", 0),
+        # Multimodal checkpoints nest the language model's fields.
+        config.get("num_hidden_layers")
+        or config.get("text_config", {}).get("num_hidden_layers", 0),
         loaded.context_length,
         loaded.dtype,
     )
