@@ -45,6 +45,13 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
+def os_threads(pid: int) -> int | None:
+    try:
+        return len(list(Path(f"/proc/{pid}/task").iterdir()))
+    except OSError:
+        return None
+
+
 def prompt_text(tokens: int) -> str:
     # About one token per short word with the embedded tokenizer.
     return " ".join(f"line {i} of the notes" for i in range(tokens // 5))
@@ -80,7 +87,7 @@ def main() -> None:
         baseline = rss_bytes(proc.pid)
         print(f"server pid {proc.pid}, log {work / 'server.log'}; RSS at start {mib(baseline)}")
         print(f"{'switch':>6} {'model':6} {'load s':>7} {'turn s':>7} {'cached':>7} {'prompt':>7} "
-              f"{'RSS':>9} {'weights':>12}")  # fmt: skip
+              f"{'RSS':>9} {'threads':>7} {'weights':>12}")  # fmt: skip
         with httpx.Client(base_url=url, timeout=600) as client:
             for i in range(args.switches):
                 model = ("alpha", "beta")[i % 2]
@@ -109,13 +116,15 @@ def main() -> None:
                     "cached_tokens": int(turn.headers.get("x-cached-tokens", 0)),
                     "prompt_tokens": usage["input_tokens"],
                     "rss_bytes": rss_bytes(proc.pid),
+                    "threads": os_threads(proc.pid),
                     "memory": health.get("memory"),
                 }
                 rows.append(row)
                 used = (health.get("memory") or {}).get("weights_bytes")
                 print(
                     f"{i + 1:>6} {model:6} {load_s:7.2f} {turn_s:7.2f} {row['cached_tokens']:>7} "
-                    f"{row['prompt_tokens']:>7} {mib(row['rss_bytes']):>9} {mib(used):>12}",
+                    f"{row['prompt_tokens']:>7} {mib(row['rss_bytes']):>9} {row['threads'] or '-':>7} "
+                    f"{mib(used):>12}",
                     flush=True,
                 )
     finally:
@@ -167,12 +176,12 @@ def table(rows: list[dict], baseline: int | None) -> str:
     out = [
         f"RSS at start: {mib(baseline)}",
         "",
-        "| switch | model | load s | turn s | cached | prompt | RSS |",
-        "|---|---|---|---|---|---|---|",
+        "| switch | model | load s | turn s | cached | prompt | RSS | threads |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     out += [
         f"| {r['switch']} | {r['model']} | {r['load_seconds']:.2f} | {r['turn_seconds']:.2f} | "
-        f"{r['cached_tokens']} | {r['prompt_tokens']} | {mib(r['rss_bytes'])} |"
+        f"{r['cached_tokens']} | {r['prompt_tokens']} | {mib(r['rss_bytes'])} | {r['threads']} |"
         for r in rows
     ]
     return "\n".join(out)
