@@ -340,15 +340,23 @@ async def test_too_many_images(server_factory: ServerFactory) -> None:
 
 @pytest.fixture
 def image_host() -> Iterator[str]:
-    """A local HTTP server holding one PNG (the only remote image a test can reach)."""
+    """A local HTTP server holding PNGs, and redirects to one of them and to a
+    file (the only remote images a test can reach)."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-            found = self.path == "/shot.png"
+            redirects = {"/moved.png": "/shot.png", "/to-file.png": "file:///etc/passwd"}
+            if self.path in redirects:
+                self.send_response(302)
+                self.send_header("Location", redirects[self.path])
+                self.end_headers()
+                return
+            body = {"/shot.png": PNG, "/big.png": encode(size=(400, 400), color=(1, 2, 3))}
+            found = body.get(self.path)
             self.send_response(200 if found else 404)
             self.send_header("Content-Type", "image/png")
             self.end_headers()
-            self.wfile.write(PNG if found else b"")
+            self.wfile.write(found or b"")
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -468,3 +476,15 @@ async def test_a_fetch_that_stalls_ends_at_its_deadline(
     with trio.fail_after(10):
         with pytest.raises(openai.BadRequestError, match="within 1 s"):
             await ask_chat(server, silent_host)
+
+
+async def test_a_fetch_follows_http_redirects_only_and_stops_at_the_byte_limit(
+    server_factory: ServerFactory, image_host: str
+) -> None:
+    server = await server_factory(fetch_image_urls=True, image_max_bytes=300)
+    completion = await ask_chat(server, f"{image_host}/moved.png")
+    assert completion.choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError, match="could not fetch the image"):
+        await ask_chat(server, f"{image_host}/to-file.png")
+    with pytest.raises(openai.BadRequestError, match="image_max_bytes"):
+        await ask_chat(server, f"{image_host}/big.png")
