@@ -137,6 +137,30 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def free_port_run(count: int) -> int:
+    """The first of ``count`` consecutive TCP ports nothing listens on now
+    (mlx.launch's ring backend takes ``--starting-port`` and the ones after
+    it). Drawn below Linux's ephemeral range, where the test's own client
+    connections cannot be holding the neighbours."""
+    import random
+
+    for _ in range(200):
+        base = random.randrange(20000, 30000 - count)
+        probes = []
+        try:
+            for port in range(base, base + count):
+                probe = socket.socket()
+                probes.append(probe)
+                probe.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
 async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
     """Poll a condition on the server's state; fail the test on timeout."""
     with trio.move_on_after(timeout):

@@ -29,7 +29,15 @@ from mlxtrio.engine.commands import Cancel, Share, Submit, decode, encode
 from mlxtrio.engine.handle import GenerationHandle
 from mlxtrio.engine.types import Entry, GrammarConstraint, Match, SamplingParams, TextConstraint
 
-from .conftest import MODEL, SCRIPTED, anthropic_client, free_port, openai_client, start_server
+from .conftest import (
+    MODEL,
+    SCRIPTED,
+    anthropic_client,
+    free_port,
+    free_port_run,
+    openai_client,
+    start_server,
+)
 from .ranks import PYTHON, Ranks, launch_ranks, stop_all
 from .test_embedded_model import ANTHROPIC_TOOLS, FORECAST, RUN
 
@@ -242,7 +250,7 @@ async def test_mlx_launch_serves_and_shuts_down_the_world(
     127.0.0.1 -m mlxtrio serve``; SIGTERM to rank 0 ends every rank with 0."""
     launcher = Path(PYTHON).parent / "mlx.launch"
     port = free_port()
-    first_ring_port = free_port()
+    first_ring_port = free_port_run(2)  # the ring takes this port and the next
     command = [
         str(launcher),
         "--backend",
