@@ -86,7 +86,9 @@ def save(out: Path, config: dict, dtype: str, seed: int, drop: tuple[str, ...] =
     )
 
 
-def build_qwen2_5_vl(out: Path, dtype: str, seed: int) -> None:
+def start_qwen(out: Path) -> dict[str, int]:
+    """A Qwen-VL checkpoint's directory, tokenizer and chat template; the
+    vision tokens' ids."""
     out.mkdir(parents=True, exist_ok=True)
     toks = [
         "<|vision_start|>",
@@ -99,6 +101,11 @@ def build_qwen2_5_vl(out: Path, dtype: str, seed: int) -> None:
     (out / "chat_template.jinja").write_text(
         TEMPLATE.replace("@IMAGE@", "<|vision_start|><|image_pad|><|vision_end|>")
     )
+    return ids
+
+
+def build_qwen2_5_vl(out: Path, dtype: str, seed: int) -> None:
+    ids = start_qwen(out)
     config = {
         "architectures": ["Qwen2_5_VLForConditionalGeneration"],
         "model_type": "qwen2_5_vl",
@@ -158,18 +165,7 @@ def build_qwen2_5_vl(out: Path, dtype: str, seed: int) -> None:
 
 
 def build_qwen3_vl(out: Path, dtype: str, seed: int) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    toks = [
-        "<|vision_start|>",
-        "<|vision_end|>",
-        "<|vision_pad|>",
-        "<|image_pad|>",
-        "<|video_pad|>",
-    ]
-    ids = write_tokenizer(out, toks, {})
-    (out / "chat_template.jinja").write_text(
-        TEMPLATE.replace("@IMAGE@", "<|vision_start|><|image_pad|><|vision_end|>")
-    )
+    ids = start_qwen(out)
     config = {
         "architectures": ["Qwen3VLForConditionalGeneration"],
         "model_type": "qwen3_vl",

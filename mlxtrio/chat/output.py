@@ -19,9 +19,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mlx_lm.generate import TextStateMachine, make_text_state_machine
-
 from .. import jsontext
+from ..engine.text_states import TextStateMachine, make_text_state_machine
 
 log = logging.getLogger("mlxtrio.output")
 
