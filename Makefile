@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,cpu-blas]'
+	$(BIN)/python -m pip install --quiet -e '.[test,cpu-blas,vision]'
 	touch $(STAMP)
 
 # On Linux the server multiplies through a fast BLAS loaded ahead of MLX: the

@@ -104,7 +104,17 @@ def start_qwen(out: Path) -> dict[str, int]:
     return ids
 
 
-def build_qwen2_5_vl(out: Path, dtype: str, seed: int) -> None:
+def build_qwen2_5_vl(
+    out: Path,
+    dtype: str,
+    seed: int,
+    text: dict | None = None,
+    vision: dict | None = None,
+    max_pixels: int = 28 * 28 * 64,
+) -> None:
+    """``text`` / ``vision``: config fields over the tiny sizes (the
+    benchmarks build a bench-sized one); ``max_pixels``: the processor's
+    budget (at most max_pixels / 784 image tokens per image)."""
     ids = start_qwen(out)
     config = {
         "architectures": ["Qwen2_5_VLForConditionalGeneration"],
@@ -143,8 +153,10 @@ def build_qwen2_5_vl(out: Path, dtype: str, seed: int) -> None:
             "fullatt_block_indexes": [1],
             "in_channels": 3,
             "tokens_per_second": 2,
+            **(vision or {}),
         },
     }
+    config.update(text or {})
     save(out, config, dtype, seed)
     pre = {
         "image_processor_type": "Qwen2VLImageProcessor",
@@ -153,7 +165,7 @@ def build_qwen2_5_vl(out: Path, dtype: str, seed: int) -> None:
         "temporal_patch_size": 2,
         "merge_size": 2,
         "min_pixels": 56 * 56,
-        "max_pixels": 28 * 28 * 64,  # at most 64 image tokens per image
+        "max_pixels": max_pixels,
         "image_mean": CLIP_MEAN,
         "image_std": CLIP_STD,
         "do_rescale": True,

@@ -198,10 +198,13 @@ def _codex_model_info(entry: dict[str, Any], rank: int) -> dict[str, Any]:
     truncation fields copy Codex's fallback metadata (what it uses for a model
     it has no metadata for). ``base_instructions`` is required but stays empty:
     Codex then sends no ``instructions``, as with its fallback (its guidance
-    goes into developer messages). Input is text only: no model served here
-    reads images."""
+    goes into developer messages). Input is text, and images for a loaded
+    vision-language model (Codex attaches ``-i`` images only to a model whose
+    entry says it takes them)."""
     engine = services().models.resolve(entry["id"]).engine
     tokenizer = engine.tokenizer if engine is not None else None
+    loaded = engine.loaded if engine is not None else None
+    sees = loaded is not None and loaded.images is not None
     thinks = bool(getattr(tokenizer, "has_thinking", False))
     context = entry["context_window"]
     info: dict[str, Any] = {
@@ -227,7 +230,7 @@ def _codex_model_info(entry: dict[str, Any], rank: int) -> dict[str, Any]:
         "supports_image_detail_original": False,
         "effective_context_window_percent": 95,
         "experimental_supported_tools": [],
-        "input_modalities": ["text"],
+        "input_modalities": ["text", "image"] if sees else ["text"],
         "prefer_websockets": _serves_responses_websocket(),
     }
     if context:

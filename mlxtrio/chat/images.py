@@ -20,7 +20,7 @@ import base64
 import binascii
 import hashlib
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .errors import ConversationError
@@ -62,6 +62,21 @@ class CheckedImage:
     height: int
     digest: str
     size: int  # bytes
+    # A remote image's bytes as fetched (a URL may name other bytes next time).
+    fetched: bytes | None = field(default=None, repr=False, compare=False)
+
+    def open(self) -> Any:
+        """The image's pixels (a Pillow image, loaded): for a model that sees.
+        Blocking: run it on a worker thread. It decoded once already, within
+        the limits, so it decodes again."""
+        from PIL import Image
+
+        data = self.fetched
+        if data is None:
+            data = _bytes_of(self.input, ImageLimits(max_bytes=self.size + 3))
+        with Image.open(io.BytesIO(data)) as picture:
+            picture.load()
+            return picture.copy() if picture.mode == "RGB" else picture.convert("RGB")
 
 
 @dataclass(frozen=True)
@@ -124,7 +139,15 @@ def check(image: ImageInput, limits: ImageLimits, fetched: bytes | None = None) 
         raise _too_big(image, len(data), limits)
     media_type, width, height = _decode(data, image, limits)
     digest = hashlib.sha256(data).hexdigest()
-    return CheckedImage(image, media_type, width, height, digest, len(data))
+    return CheckedImage(
+        image,
+        media_type,
+        width,
+        height,
+        digest,
+        len(data),
+        fetched if image.source == "url" else None,
+    )
 
 
 def check_claim(image: ImageInput) -> None:

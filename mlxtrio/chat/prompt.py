@@ -13,7 +13,9 @@ from typing import Any
 
 import trio
 
-from .conversation import Conversation, OutputFormat
+from ..engine.image_tokens import ImageTokenError, ImageTokenizer, VisionPrompt
+from .conversation import IMAGE_PLACEHOLDER, Conversation, OutputFormat
+from .images import CheckedImage
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,9 @@ class RenderedPrompt:
     # Where the system prompt (and tools) end in ``tokens``, when asked for
     # and known: other conversations with the same system prompt go on there.
     system_end: int = 0
+    # The images, for a model that sees them: ``tokens`` holds each one's run
+    # as key tokens (see mlxtrio.engine.image_tokens).
+    vision: VisionPrompt | None = None
 
 
 MIN_SYSTEM_TOKENS = 256  # a system prompt shorter than this gets no boundary
@@ -35,9 +40,18 @@ class PromptError(ValueError):
 
 
 def render_sync(
-    tokenizer: Any, conversation: Conversation, find_system_end: bool = False
+    tokenizer: Any,
+    conversation: Conversation,
+    find_system_end: bool = False,
+    images: ImageTokenizer | None = None,
+    checked: list[CheckedImage] | None = None,
 ) -> RenderedPrompt:
+    """See :func:`render`."""
     messages = [m.template_dict() for m in conversation.messages]
+    seen = images is not None and bool(checked)
+    if seen:
+        assert images is not None and checked is not None
+        messages = _with_images(messages, images.image_text, len(checked))
     if conversation.output_format is not None:
         messages = _asking_for(conversation.output_format, messages)
     tools = [t.template_dict() for t in conversation.tools] or None
@@ -52,7 +66,32 @@ def render_sync(
         system_end = _system_end(
             tokenizer, messages, tools, conversation.thinking, tokens, conversation.reasoning_effort
         )
-    return RenderedPrompt(tokens, ends_in_open_think(tokenizer, tokens), system_end)
+    vision = None
+    if seen:
+        assert images is not None and checked is not None
+        try:
+            pictures = [(c.open(), c.digest, c.input.detail) for c in checked]
+            tokens, vision = images.splice(tokens, pictures)
+        except ImageTokenError as exc:
+            raise PromptError(f"cannot show the images to the model: {exc}") from exc
+    return RenderedPrompt(tokens, ends_in_open_think(tokenizer, tokens), system_end, vision)
+
+
+def _with_images(
+    messages: list[dict[str, Any]], image_text: str, count: int
+) -> list[dict[str, Any]]:
+    """``messages`` with the first ``count`` image placeholders written as the
+    chat template writes an image (the processor widens each afterwards)."""
+    left = count
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if left and isinstance(content, str) and IMAGE_PLACEHOLDER in content:
+            found = min(left, content.count(IMAGE_PLACEHOLDER))
+            message = {**message, "content": content.replace(IMAGE_PLACEHOLDER, image_text, found)}
+            left -= found
+        out.append(message)
+    return out
 
 
 def _rendered(
@@ -133,11 +172,19 @@ def ends_in_open_think(tokenizer: Any, tokens: list[int]) -> bool:
 
 
 async def render(
-    tokenizer: Any, conversation: Conversation, find_system_end: bool = False
+    tokenizer: Any,
+    conversation: Conversation,
+    find_system_end: bool = False,
+    images: ImageTokenizer | None = None,
+    checked: list[CheckedImage] | None = None,
 ) -> RenderedPrompt:
     """Render on a worker thread (``find_system_end``: also find where the
-    system prompt ends, at the cost of a second, shorter render). How many run
-    at once is the caller's to bound (the server's render lane runs one).
-    Cancellation waits for the render to finish (it is bounded by the
-    prompt-size check before it)."""
-    return await trio.to_thread.run_sync(render_sync, tokenizer, conversation, find_system_end)
+    system prompt ends, at the cost of a second, shorter render). ``images``:
+    a model that sees images, and ``checked`` the conversation's, in order:
+    each placeholder becomes the image's run of tokens (the processor resizes
+    the image on this thread too). How many run at once is the caller's to
+    bound (the server's render lane runs one). Cancellation waits for the
+    render to finish (it is bounded by the prompt-size check before it)."""
+    return await trio.to_thread.run_sync(
+        render_sync, tokenizer, conversation, find_system_end, images, checked
+    )

@@ -77,7 +77,12 @@ async def run_turn(
         if on_admitted is not None:
             await on_admitted()
         async with engine.submit(
-            prompt.tokens, sampling, match=match, domain=domain, boundary=prompt.system_end
+            prompt.tokens,
+            sampling,
+            match=match,
+            domain=domain,
+            boundary=prompt.system_end,
+            vision=prompt.vision,
         ) as handle:
             async for event in handle:
                 if parser.state == "reasoning":

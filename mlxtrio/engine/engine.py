@@ -55,6 +55,7 @@ from .distributed.lockstep import LeaderSchedule, RankState
 from .distributed.ranks import RankPlan, open_ranks, resolved_capacity
 from .distributed.world import SOLO, Link, World
 from .handle import EngineError, EngineUnavailable, GenerationHandle, LiveHandles
+from .image_tokens import KEY_BASE, VisionPrompt
 from .loop import EngineLoop, HandleEvent, LoopSettings
 from .memory import release_buffers
 from .model import LoadedModel, load_model
@@ -231,13 +232,27 @@ class Engine:
     # ------------------------------------------------------------------
     # Requests (Trio side)
 
-    async def lookup(self, prompt: list[int], domain: str = "") -> Match | None:
+    async def lookup(
+        self, prompt: list[int], domain: str = "", vision: VisionPrompt | None = None
+    ) -> Match | None:
         """The longest cached prefix of ``prompt`` in isolation ``domain``, pinned
         until :meth:`release` (or until a sequence submitted with it starts).
         Callers know the reuse before sending headers. May wait for a running
         sequence's KV and read blocks from disk (see :class:`.cache.reuse.PrefixReuse`);
-        cancelling it leaves nothing pinned."""
-        return await self.cache.lookup(self.loaded, (self.name, domain), prompt)
+        cancelling it leaves nothing pinned. A prefix never ends inside one of
+        ``vision``'s images (an image is encoded whole): one that would, ends
+        where that image starts."""
+        key = (self.name, domain)
+        match = await self.cache.lookup(self.loaded, key, prompt)
+        cut = vision.inside(match.length) if vision is not None and match is not None else None
+        if cut is None or match is None:
+            return match
+        if self.loaded is not None and self.loaded.plain_kv:
+            # Built as found (whole blocks), then trimmed to the image's start.
+            match.extent, match.length = match.extent or match.length, cut.start
+            return match
+        self.cache.release(match)
+        return await self.cache.lookup(self.loaded, key, prompt[: cut.start])
 
     def release(self, match: Match | None) -> None:
         """Unpin a match from :meth:`lookup`; idempotent."""
@@ -251,6 +266,7 @@ class Engine:
         match: Match | None = None,
         domain: str = "",
         boundary: int = 0,
+        vision: VisionPrompt | None = None,
     ) -> GenerationHandle:
         """Queue a sequence for generation; returns at once.
 
@@ -268,10 +284,14 @@ class Engine:
             raise EngineUnavailable(f"model {self.name!r} is {self.state.value}")
         if not prompt:
             raise EngineError("empty prompt")
+        if vision is None and max(prompt) >= KEY_BASE:
+            # Key tokens name images in the prefix cache; no model has them.
+            raise EngineError("a prompt with images' key tokens came without its images")
         handle = GenerationHandle(
             prompt, sampling, self._request_cancel, (self.name, domain), match
         )
         handle.boundary = boundary
+        handle.vision = vision
         handle.serial = next(self._serials)
         self._live.add(handle)
         self._commands.put(Submit(handle))

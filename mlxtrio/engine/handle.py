@@ -15,6 +15,7 @@ from types import TracebackType
 
 import trio
 
+from .image_tokens import VisionPrompt
 from .types import GenerationEvent, GenerationStats, Match, SamplingParams
 
 
@@ -65,6 +66,9 @@ class GenerationHandle:
         # int, so a read sees either value).
         self.prefilled = 0
         self.boundary = 0  # where its system prompt ends (set at submit)
+        # Its images, for a vision-language model (set at submit): ``prompt``
+        # holds their key tokens (see mlxtrio.engine.image_tokens).
+        self.vision: VisionPrompt | None = None
         # Names it in commands, across threads and ranks (set at submit).
         self.serial = 0
         # In-flight reuse: when another request waits to start from this one's

@@ -51,6 +51,7 @@ from .types import (
     GenerationStats,
     Match,
 )
+from .vision import VisionPrefill, VisionTextModel
 
 log = logging.getLogger("mlxtrio.engine")
 
@@ -91,6 +92,9 @@ class EngineLoop:
     strict: bool = False  # sharded across ranks: no local recovery
     live: dict[int, LiveSequence] = field(default_factory=dict)
     by_handle: dict[GenerationHandle, LiveSequence] = field(default_factory=dict)
+    # Sequences whose images are being encoded before they join the batch
+    # (see .vision), in arrival order: one unit of the first per safepoint.
+    staged: dict[GenerationHandle, Staged] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.processors = ProcessorFactory(self.loaded.tokenizer, self.loaded.token_texts)
@@ -114,11 +118,14 @@ class EngineLoop:
         step propagate (the thread dies and is restarted by the Trio side)."""
         try:
             while True:
-                commands = self.schedule.commands(not self.live, self._report)
+                idle = not self.live and not self.staged
+                commands = self.schedule.commands(idle, self._report)
                 serving = self._apply(commands)
                 chunk = self.schedule.agree(commands, self._plan() if serving else 0, self._report)
                 if not serving:
                     return
+                if self.staged:
+                    self._stage()
                 if self.live:
                     self._step(chunk)
                     if not self.live:
@@ -178,30 +185,88 @@ class EngineLoop:
         stops = StopSequences(eos + [(t,) for t in params.stop_token_ids])
         generated: list[int] = []
         processors = self.processors.for_sequence(params, generated)
-        sampler = sampler_for(params)
         guard = SequenceGuard(processors) if processors else None
-        detokenizer = tokenizer.detokenizer
         cache, reused = self.snapshots.cache_for(handle)
         stats = GenerationStats(prompt_tokens=len(handle.prompt), cached_tokens=reused)
-        boundaries = self.snapshots.boundaries(handle, reused)
-        cuts = [reused, *boundaries, len(handle.prompt)]
+        seq = LiveSequence(
+            handle, STAGED, tokenizer.detokenizer, time.perf_counter(), stats, guard, generated
+        )
+        join = _Join(params, stops, sampler_for(params), guard, reused)
+        model = loaded.model
+        if isinstance(model, VisionTextModel) and (handle.vision is not None or model.mrope):
+            prefill = VisionPrefill.start(model, handle.prompt, handle.vision, cache, reused)
+            if not prefill.done:
+                self.staged[handle] = Staged(seq, join, prefill)
+                self.by_handle[handle] = seq
+                self.stats.submitted += 1
+                return
+            cache = prefill.batch_cache()
+        self._join(seq, join, cache, reused)
+        self.stats.submitted += 1
+
+    def _join(self, seq: LiveSequence, join: _Join, cache: Any, at: int) -> None:
+        """Insert ``seq`` into the batch, its first ``at`` prompt tokens in ``cache``."""
+        handle = seq.handle
+        boundaries = self.snapshots.boundaries(handle, at)
+        cuts = [at, *boundaries, len(handle.prompt)]
         segments = [handle.prompt[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
         # Nothing after the insert can fail: a sequence the generator holds is
         # always one the loop knows.
         (uid,) = self.gen.insert_segments(
             [segments],
-            max_tokens=[params.max_tokens],
+            max_tokens=[join.params.max_tokens],
             caches=[cache],
-            all_tokens=[handle.prompt[:reused]],
-            samplers=[sampler],
-            logits_processors=[[guard] if guard else []],
-            stop_sequences=[stops],
+            all_tokens=[handle.prompt[:at]],
+            samplers=[join.sampler],
+            logits_processors=[[join.guard] if join.guard else []],
+            stop_sequences=[join.stops],
         )
-        seq = LiveSequence(handle, uid, detokenizer, time.perf_counter(), stats, guard, generated)
+        seq.uid = uid
+        seq.staged = at - join.reused
         seq.boundaries = boundaries
         self.live[uid] = seq
         self.by_handle[handle] = seq
-        self.stats.submitted += 1
+
+    def _stage(self) -> None:
+        """One unit of the first staged sequence's vision prefill (a slice of
+        text, or one image); it joins the batch once its last image is in."""
+        handle, staged = next(iter(self.staged.items()))
+        seq, prefill = staged.seq, staged.prefill
+        now = time.perf_counter()
+        if seq.prefill_started_at is None:
+            seq.prefill_started_at = now
+            seq.stats.queue_seconds = now - seq.submitted_at
+        chunk = self.pacer.chunk(prefill.position, 1, bool(self.live))
+        try:
+            ran = prefill.advance(chunk)
+        except Exception as exc:
+            if self.strict:
+                raise
+            log.exception("could not encode a prompt's images; ending its sequence")
+            del self.staged[handle]
+            self.by_handle.pop(handle, None)
+            self.outbox.deliver([(handle, _error(f"could not encode the images: {exc}"))])
+            return
+        seq.stats.prefilled_tokens += ran
+        handle.prefilled = prefill.position
+        if prefill.done:
+            del self.staged[handle]
+            self._join(seq, staged.join, prefill.batch_cache(), prefill.position)
+
+    def _unstage(self, staged: Staged) -> None:
+        """End a sequence cancelled during its vision prefill; what it encoded
+        is kept, so a retry of the same prompt starts after it."""
+        seq, prefill = staged.seq, staged.prefill
+        if self.settings.cache_enabled and prefill.position > staged.join.reused:
+            try:
+                tokens = seq.handle.prompt[: prefill.position]
+                self.snapshots.keep(seq.handle.cache_key, prefill.cache, tokens)
+            except Exception:
+                log.exception("could not keep a cancelled sequence's encoded prefix")
+        self.stats.cancelled += 1
+        finish_stats(seq, time.perf_counter())
+        self.stats.last_cancelled = seq.stats
+        self.outbox.deliver([(seq.handle, _final("cancelled", seq.stats))])
 
     def _release(self, handle: GenerationHandle) -> None:
         """Unpin ``handle``'s prefix match (the sequence will not use it)."""
@@ -212,6 +277,10 @@ class EngineLoop:
         seq = self.by_handle.pop(handle, None)
         if seq is None:
             return  # finished already, or never inserted
+        staged = self.staged.pop(handle, None)
+        if staged is not None:
+            self._unstage(staged)
+            return
         try:
             kept = self.gen.remove([seq.uid], return_prompt_caches=self.settings.cache_enabled)
             if seq.uid in kept:  # keep what was prefilled: the next turn may reuse it
@@ -345,8 +414,10 @@ class EngineLoop:
         self.by_handle.pop(seq.handle, None)
 
     def _end_all(self, event_for: Callable[[LiveSequence], GenerationEvent]) -> None:
-        deliveries = [(seq.handle, event_for(seq)) for seq in self.live.values()]
+        ending = [*self.live.values(), *(staged.seq for staged in self.staged.values())]
+        deliveries = [(seq.handle, event_for(seq)) for seq in ending]
         self.live.clear()
+        self.staged.clear()
         self.by_handle.clear()
         if deliveries:
             self.outbox.deliver(deliveries)
@@ -362,7 +433,7 @@ class EngineLoop:
             if seq.prefill_started_at is None:
                 seq.prefill_started_at = now
                 seq.stats.queue_seconds = now - seq.submitted_at
-            seq.stats.prefilled_tokens = int(r.progress[0])
+            seq.stats.prefilled_tokens = seq.staged + int(r.progress[0])
             seq.handle.prefilled = seq.context
             if seq.boundaries and r.end_of_segment and seq.context >= seq.boundaries[0]:
                 del seq.boundaries[0]
@@ -406,6 +477,29 @@ class EngineLoop:
         self.stats.finished += 1
         finish_stats(seq, now)
         return GenerationEvent((r.token,), detok.last_segment, r.finish_reason, stats)
+
+
+STAGED = -1  # the uid of a sequence not in the batch yet
+
+
+@dataclass
+class _Join:
+    """What a sequence joins the batch with."""
+
+    params: Any
+    stops: Any
+    sampler: Any
+    guard: SequenceGuard | None
+    reused: int  # prompt tokens its cached prefix held
+
+
+@dataclass
+class Staged:
+    """A sequence in its vision prefill."""
+
+    seq: LiveSequence
+    join: _Join
+    prefill: VisionPrefill
 
 
 def _final(reason: str, stats: GenerationStats) -> GenerationEvent:

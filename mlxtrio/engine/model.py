@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from .harmony import harmony_tokenizer, is_harmony, marker_ids
+from .image_tokens import ImageTokenizer
 from .precision import apply_compute_dtype
 from .processors.grammar_masks import grammar_tokenizer
 from .processors.openings import TokenTexts
 from .sizing import kv_bytes_per_token
 from .types import LoadProgress
+from .weights import read_weights
 
 log = logging.getLogger("mlxtrio.engine")
 
@@ -64,6 +66,9 @@ class LoadedModel:
     harmony: dict[str, int] | None = None
     # The tokenizer's added tokens (markers, markup pieces) by text.
     added_tokens: dict[str, int] = field(default_factory=dict)
+    # A vision-language model served with its images: its processor, one
+    # image at a time (None: the model reads text; images are placeholders).
+    images: ImageTokenizer | None = None
 
     @property
     def context_length(self) -> int:
@@ -73,31 +78,25 @@ class LoadedModel:
 Checkpoint = tuple[Any, Any, dict[str, Any]]  # mlx-lm's model, tokenizer and config
 
 
-READ_GRAIN = 64 << 20  # bytes of weights read between two progress updates
-
-
 def read_checkpoint(path: str, progress: LoadProgress | None = None) -> Checkpoint:
     """The whole model at ``path`` (a local directory or hub id), through
-    mlx-lm; its weights read in slices, counted in ``progress``."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
+    mlx-lm (a vision-language model through mlx-vlm, when installed: see
+    :mod:`.vision`); its weights read in slices, counted in ``progress``."""
     from mlx_lm import load
 
+    from .vision import is_vision_checkpoint, local_config, read_vision_checkpoint, vision_support
+
+    config = local_config(path)
+    if is_vision_checkpoint(config) and vision_support(config) is None:
+        try:
+            return read_vision_checkpoint(path, progress)
+        except Exception as exc:  # an architecture mlx-vlm does not know, a bad processor
+            log.warning(
+                "mlx-vlm could not load %s (%s): loading its language model alone", path, exc
+            )
+
     model, tokenizer, config = cast(Checkpoint, load(path, lazy=True, return_config=True))
-    weights = [value for _, value in cast(list[tuple[str, Any]], tree_flatten(model.parameters()))]
-    progress = progress or LoadProgress()
-    progress.total_bytes = sum(int(w.nbytes) for w in weights)
-    batch: list[Any] = []
-    size = 0
-    for weight in weights:
-        batch.append(weight)
-        size += int(weight.nbytes)
-        if size >= READ_GRAIN:
-            mx.eval(*batch)
-            progress.done_bytes += size
-            batch, size = [], 0
-    mx.eval(*batch)
-    progress.done_bytes = progress.total_bytes
+    read_weights(model, progress)
     return model, tokenizer, config
 
 
@@ -168,16 +167,34 @@ def load_model(
         loaded.context_length,
         loaded.dtype,
     )
-    if "vision_config" in config:
-        # mlx-lm loads a VLM checkpoint's language model and drops its vision
-        # tower: say so, or a user would wonder why the model never sees.
-        log.warning(
-            "model %s is a vision-language model (%s): served as text only, its images "
-            "reach it as placeholders (mlxtrio does not run vision towers yet)",
-            name,
-            config.get("model_type", "?"),
-        )
+    _say_how_images_are_served(name, loaded)
     return loaded
+
+
+def _say_how_images_are_served(name: str, loaded: LoadedModel) -> None:
+    from .vision import VisionTextModel, image_tokenizer, is_vision_checkpoint, vision_support
+
+    if not is_vision_checkpoint(loaded.config):
+        return
+    loaded.images = image_tokenizer(loaded.model, loaded.tokenizer)
+    kind = loaded.config.get("model_type", "?")
+    if loaded.images is not None:
+        log.info("model %s sees images (%s, through mlx-vlm)", name, kind)
+        return
+    # mlx-lm loads a VLM checkpoint's language model and drops its vision
+    # tower: say so, or a user would wonder why the model never sees.
+    why = vision_support(loaded.config) or (
+        "its chat template or processor places images in a way mlxtrio does not know"
+        if isinstance(loaded.model, VisionTextModel)
+        else "mlx-vlm did not load it (see above; a distributed world reads text only)"
+    )
+    log.warning(
+        "model %s is a vision-language model (%s) served as text only: %s; its images "
+        "reach it as placeholders",
+        name,
+        kind,
+        why,
+    )
 
 
 def weights_fingerprint(path: str, config: dict[str, Any], dtype: str) -> str:

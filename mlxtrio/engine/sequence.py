@@ -59,6 +59,9 @@ class LiveSequence:
     # Where its prompt is still to be snapshotted, in order (caches that
     # cannot be trimmed: see EngineLoop._boundaries).
     boundaries: list[int] = field(default_factory=list)
+    # Prompt tokens put in its cache before it joined the batch (its images'
+    # prefill, see .vision): the batch counts only what it prefills itself.
+    staged: int = 0
 
     @property
     def prefilling(self) -> bool:

@@ -160,9 +160,13 @@ class Match:
     disk: tuple[bytes, ...] = ()
     loaded: list[Any] | None = field(default=None, repr=False)  # the engine clears it
     loaded_nbytes: int = 0
+    # Tokens ``entry`` and ``disk`` hold when more than ``length`` are (a
+    # match cut back to where an image starts); the cache built from them is
+    # trimmed to ``length``. 0: ``length``.
+    extent: int = 0
     _released: bool = field(default=False, repr=False)
 
     @property
     def memory_length(self) -> int:
         """Tokens taken from ``entry``."""
-        return self.length - len(self.disk) * BLOCK_TOKENS
+        return (self.extent or self.length) - len(self.disk) * BLOCK_TOKENS

@@ -33,6 +33,7 @@ from ..chat.images import (
     image_error,
     refuse_remote,
 )
+from ..engine.engine import Engine
 from ..http.errors import invalid_request
 from .call import access_record, services
 
@@ -173,8 +174,10 @@ async def check_images(conversation: Conversation) -> list[CheckedImage]:
         raise invalid_request(exc.message, exc.param) from None
 
 
-def note_placeholders(conversation: Conversation) -> None:
-    """Say in the access line that a model reading text only saw the
-    conversation's images as placeholders."""
+def note_images(engine: Engine, conversation: Conversation) -> None:
+    """Say in the access line how many images the request carried, and when
+    the model reads text only, that it saw them as placeholders."""
     if conversation.images:
-        access_record().images = f"{len(conversation.images)}:placeholder"
+        seen = engine.loaded is not None and engine.loaded.images is not None
+        count = len(conversation.images)
+        access_record().images = str(count) if seen else f"{count}:placeholder"

@@ -40,6 +40,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from ..chat.conversation import Conversation
+from ..chat.images import CheckedImage
 from ..chat.prompt import PromptError, RenderedPrompt, render
 from ..chat.turn import OnSegment, TurnResult, run_turn
 from ..engine.engine import Engine
@@ -50,7 +51,7 @@ from ..http.errors import ApiError, invalid_request, rate_limited, server_error,
 from ..http.transport import client_domain, client_session
 from .admission import AdmissionLane, QueueFull, Ticket
 from .call import access_record, on_call_end, services
-from .images import check_images, note_placeholders
+from .images import check_images, note_images
 from .models import output_facts, resolve
 
 log = logging.getLogger("mlxtrio.generation")
@@ -193,13 +194,15 @@ async def prepare(request: TurnRequest) -> PreparedTurn:
 async def render_for_model(model: str, conversation: Conversation) -> tuple[Engine, RenderedPrompt]:
     """Steps 0, 1 and 2: the engine and the prompt's token ids, exactly as
     generation would render them (what token counting answers)."""
-    await check_images(conversation)
+    checked = await check_images(conversation)
     engine = await resolve(model)
-    note_placeholders(conversation)  # every model served today reads text only
-    return engine, await render_prompt(engine, conversation)
+    note_images(engine, conversation)
+    return engine, await render_prompt(engine, conversation, checked)
 
 
-async def render_prompt(engine: Engine, conversation: Conversation) -> RenderedPrompt:
+async def render_prompt(
+    engine: Engine, conversation: Conversation, checked: list[CheckedImage] | None = None
+) -> RenderedPrompt:
     """Token ids for ``conversation``; a 400 when it cannot be rendered or does
     not fit the model's context. Rendering is CPU work on a worker thread, one
     at a time through the server's render lane (429 when too many wait);
@@ -216,7 +219,7 @@ async def render_prompt(engine: Engine, conversation: Conversation) -> RenderedP
             # A cache that cannot be trimmed is reused only from snapshots at
             # exact boundaries: find where the system prompt ends.
             boundary = not loaded.plain_kv and engine.cache.enabled
-            prompt = await render(engine.tokenizer, conversation, boundary)
+            prompt = await render(engine.tokenizer, conversation, boundary, loaded.images, checked)
     except PromptError as exc:
         raise invalid_request(str(exc), "input") from None
     finally:
@@ -345,7 +348,7 @@ async def lookup(
     client's isolation domain (its API key) narrowed by ``domain`` (``cache_salt``).
     Cancelling it leaves nothing pinned."""
     domain = "|".join(filter(None, (client_domain(), domain)))
-    match = await engine.lookup(prompt.tokens, domain)
+    match = await engine.lookup(prompt.tokens, domain, prompt.vision)
     on_call_end(lambda: engine.release(match))
     return CacheLookup(match, domain, continuation)
 

@@ -133,7 +133,7 @@ class KVStore:
         if snapshot.whole is not None:
             if extra:
                 return None
-            return _trimmed(copy.deepcopy(snapshot.whole), snapshot.whole_tokens - length)
+            return trimmed(copy.deepcopy(snapshot.whole), snapshot.whole_tokens - length)
         wanted = -(-length // BLOCK_TOKENS)  # blocks that cover ``length``
         parts = [self.blocks[name].layers for name in snapshot.blocks[:wanted]]
         covered = len(parts) * BLOCK_TOKENS
@@ -148,7 +148,7 @@ class KVStore:
             length = covered
         if covered < length:
             return None
-        return _trimmed(_joined(parts), covered - length)
+        return trimmed(_joined(parts), covered - length)
 
     def cache_from_blocks(self, extra: list[Layers]) -> list[Any]:
         """A private cache made of ``extra`` blocks alone (read from disk)."""
@@ -204,7 +204,8 @@ def _joined(parts: list[Layers]) -> list[Any]:
     return caches
 
 
-def _trimmed(cache: list[Any], excess: int) -> list[Any] | None:
+def trimmed(cache: list[Any], excess: int) -> list[Any] | None:
+    """``cache`` without its last ``excess`` tokens (None: it cannot be trimmed)."""
     from mlx_lm.models.cache import trim_prompt_cache
 
     if excess > 0 and trim_prompt_cache(cache, excess) != excess:

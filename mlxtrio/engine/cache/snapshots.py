@@ -29,7 +29,7 @@ from ..sequence import LiveSequence
 from ..types import Entry, Match
 from .blocks import chain, root_name
 from .disk_tier import DiskWriter, from_host, open_tier, to_host
-from .kv_store import Block, KVStore
+from .kv_store import Block, KVStore, trimmed
 
 log = logging.getLogger("mlxtrio.engine")
 
@@ -123,6 +123,8 @@ class Snapshots:
                     cache = self.kv.memory.cache_from_blocks(extra) if extra else None
                 else:
                     cache = self.kv.memory.cache_for(match.entry.id, match.memory_length, extra)
+            if cache is not None and match.extent > match.length:
+                cache = trimmed(cache, match.extent - match.length)
         except Exception:
             if self.strict:
                 raise

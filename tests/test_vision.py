@@ -1,0 +1,543 @@
+"""Vision-language models: images through every API to a real mlx-vlm model.
+
+The models are tiny random-weight checkpoints of real mlx-vlm architectures
+(Qwen2.5-VL, Qwen3-VL, Gemma 3), built offline by ``tools/build_tiny_vlm.py``
+and loaded by mlx-vlm's own code; clients are the official SDKs.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import io
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+from mlxtrio.chat.conversation import IMAGE_PLACEHOLDER, Conversation, Message
+from mlxtrio.chat.images import ImageInput, ImageLimits, check
+from mlxtrio.chat.prompt import render_sync
+from mlxtrio.engine.handle import EngineError
+from mlxtrio.engine.image_tokens import KEY_BASE, VisionPrompt, key_tokens
+from mlxtrio.engine.types import SamplingParams
+
+from .conftest import Server, ServerFactory
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("mlx_vlm") is None, reason="needs the vision extra (mlx-vlm)"
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = 64  # image tokens of a 224 x 224 picture on the tiny Qwen models (max_pixels)
+
+
+@pytest.fixture(scope="session")
+def tiny_vlms(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec = importlib.util.spec_from_file_location(
+        "build_tiny_vlm", ROOT / "tools/build_tiny_vlm.py"
+    )
+    assert spec is not None and spec.loader is not None
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    out = tmp_path_factory.mktemp("vlms")
+    builder.build_qwen2_5_vl(out / "qwen2_5_vl", "float32", 0)
+    builder.build_gemma3(out / "gemma3", "float32", 1)
+    builder.build_qwen3_vl(out / "qwen3_vl", "float32", 2)
+    return out
+
+
+def picture(seed: int, size: tuple[int, int] = (224, 224)) -> bytes:
+    pixels = (np.random.RandomState(seed).rand(size[1], size[0], 3) * 255).astype("uint8")
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG")
+    return out.getvalue()
+
+
+def data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def image_block(data: bytes) -> dict[str, Any]:
+    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(data).decode()}
+    return {"type": "image", "source": source}
+
+
+async def vlm_server(server_factory: ServerFactory, tiny_vlms: Path, family: str) -> Server:
+    return await server_factory(model=str(tiny_vlms / family), model_name="vlm")
+
+
+def access_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "mlxtrio.access"]
+
+
+# -- key tokens and spans (no model) ------------------------------------------------
+
+
+def test_key_tokens_name_the_image_and_the_place() -> None:
+    a, b = key_tokens("a" * 64, 40), key_tokens("b" * 64, 40)
+    assert a == key_tokens("a" * 64, 40) and a != b
+    assert all(KEY_BASE <= t < 2 * KEY_BASE for t in a + b)
+    assert len(set(a)) == 40  # every place its own key
+
+
+def test_model_tokens_put_the_models_ids_back() -> None:
+    from mlxtrio.engine.image_tokens import ImageSpan
+
+    keys = key_tokens("c" * 64, 3)
+    span = ImageSpan(2, 5, (7, 8, 9), {}, "c" * 64)
+    vision = VisionPrompt((span,))
+    prompt = [1, 2, *keys, 3]
+    assert vision.model_tokens(prompt) == [1, 2, 7, 8, 9, 3]
+    assert vision.model_tokens(prompt, 3, 5) == [8, 9]
+    assert vision.inside(3) is span and vision.inside(2) is None and vision.inside(5) is None
+
+
+# -- every API, streaming and not -----------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
+async def test_every_api_shows_the_model_the_image(
+    server_factory: ServerFactory, tiny_vlms: Path, family: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="mlxtrio.access")
+    server = await vlm_server(server_factory, tiny_vlms, family)
+    assert server.engine.loaded is not None and server.engine.loaded.images is not None
+    claude, openai = server.anthropic(), server.openai()
+
+    def content(data: bytes) -> list[dict[str, Any]]:
+        return [image_block(data), {"type": "text", "text": "What is in it?"}]
+
+    answers = []
+    for seed in (1, 2):
+        message = await claude.messages.create(
+            model="vlm",
+            max_tokens=12,
+            messages=[{"role": "user", "content": content(picture(seed))}],
+        )
+        counted = await claude.messages.count_tokens(
+            model="vlm", messages=[{"role": "user", "content": content(picture(seed))}]
+        )
+        usage = message.usage
+        assert counted.input_tokens == usage.input_tokens + (usage.cache_read_input_tokens or 0)
+        answers.append(message.content[0].text)  # type: ignore[union-attr]
+    assert answers[0] != answers[1], "the output does not depend on the image"
+    text_only = await claude.messages.count_tokens(
+        model="vlm", messages=[{"role": "user", "content": "What is in it?"}]
+    )
+    # The image's run is counted: 64 tokens on the Qwen, Gemma 3's fixed 4 (+ markers).
+    assert counted.input_tokens - text_only.input_tokens >= (RUN if family != "gemma3" else 4)
+
+    async with claude.messages.stream(
+        model="vlm", max_tokens=12, messages=[{"role": "user", "content": content(picture(1))}]
+    ) as stream:
+        streamed = await stream.get_final_message()
+    assert streamed.content[0].text == answers[0]  # type: ignore[union-attr]
+
+    parts = [
+        {"type": "text", "text": "What is in it?"},
+        {"type": "image_url", "image_url": {"url": data_url(picture(1))}},
+    ]
+    completion = await openai.chat.completions.create(
+        model="vlm",
+        max_tokens=12,
+        messages=[{"role": "user", "content": parts}],  # type: ignore[list-item]
+    )
+    chunks = await openai.chat.completions.create(
+        model="vlm",
+        max_tokens=12,
+        messages=[{"role": "user", "content": parts}],  # type: ignore[list-item]
+        stream=True,
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+    assert text == completion.choices[0].message.content
+
+    inputs = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "What is in it?"},
+                {"type": "input_image", "image_url": data_url(picture(1)), "detail": "auto"},
+            ],
+        }
+    ]
+    response = await openai.responses.create(model="vlm", max_output_tokens=12, input=inputs)  # type: ignore[arg-type]
+    counted_r = await openai.responses.input_tokens.count(model="vlm", input=inputs)  # type: ignore[arg-type]
+    assert response.usage is not None and counted_r.input_tokens == response.usage.input_tokens
+    events = await openai.responses.create(
+        model="vlm",
+        max_output_tokens=12,
+        input=inputs,  # type: ignore[arg-type]
+        stream=True,
+    )
+    ends = ("response.completed", "response.incomplete")
+    finals = [e async for e in events if e.type in ends]
+    assert finals and finals[0].response.output_text == response.output_text
+
+    lines = access_lines(caplog)
+    assert any("images=1 " in line for line in lines)
+    assert not any("placeholder" in line for line in lines)
+
+
+async def test_detail_low_costs_fewer_tokens(
+    server_factory: ServerFactory, tiny_vlms: Path
+) -> None:
+    server = await vlm_server(server_factory, tiny_vlms, "qwen2_5_vl")
+    big = picture(3, (1024, 1024))
+
+    async def count(detail: str) -> int:
+        inputs = [
+            {
+                "role": "user",
+                "content": [{"type": "input_image", "image_url": data_url(big), "detail": detail}],
+            }
+        ]
+        counted = await server.openai().responses.input_tokens.count(model="vlm", input=inputs)  # type: ignore[arg-type]
+        return counted.input_tokens
+
+    assert await count("low") <= await count("high")
+
+
+async def test_an_image_inside_a_claude_code_tool_result(
+    server_factory: ServerFactory, tiny_vlms: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="mlxtrio.access")
+    server = await vlm_server(server_factory, tiny_vlms, "qwen2_5_vl")
+
+    def conversation(result: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        call = {
+            "type": "tool_use",
+            "id": "toolu_1",
+            "name": "Read",
+            "input": {"file_path": "a.png"},
+        }
+        return [
+            {"role": "user", "content": "Look at a.png"},
+            {"role": "assistant", "content": [call]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": result}],
+            },
+        ]
+
+    tools = [{"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}}]
+    claude = server.anthropic()
+    shown = [{"type": "text", "text": "Read image"}, image_block(picture(4))]
+    with_image = await claude.messages.count_tokens(
+        model="vlm", tools=tools, messages=conversation(shown)
+    )  # type: ignore[arg-type]
+    without = await claude.messages.count_tokens(
+        model="vlm",
+        tools=tools,  # type: ignore[arg-type]
+        messages=conversation([{"type": "text", "text": "Read image"}]),  # type: ignore[arg-type]
+    )
+    assert with_image.input_tokens - without.input_tokens >= RUN
+    answer = await claude.messages.create(
+        model="vlm",
+        max_tokens=8,
+        tools=tools,
+        messages=conversation(shown),  # type: ignore[arg-type]
+    )
+    assert answer.usage.input_tokens == with_image.input_tokens
+    assert any("images=1 " in line for line in access_lines(caplog))
+
+
+# -- the prefix cache knows the pixels ----------------------------------------------
+
+
+async def test_the_same_image_is_reused_and_a_changed_one_is_not(
+    server_factory: ServerFactory, tiny_vlms: Path
+) -> None:
+    server = await vlm_server(server_factory, tiny_vlms, "qwen2_5_vl")
+    claude = server.anthropic()
+
+    def turns(first: bytes, reply: str | None) -> list[dict[str, Any]]:
+        opening = {
+            "role": "user",
+            "content": [{"type": "text", "text": "Hi. Look:"}, image_block(first)],
+        }
+        if reply is None:
+            return [opening]
+        return [
+            opening,
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "And now?"},
+        ]
+
+    first = await claude.messages.create(
+        model="vlm", max_tokens=6, messages=turns(picture(5), None)
+    )  # type: ignore[arg-type]
+    reply = first.content[0].text  # type: ignore[union-attr]
+    prompt1 = first.usage.input_tokens + (first.usage.cache_read_input_tokens or 0)
+    same = await claude.messages.create(
+        model="vlm", max_tokens=6, messages=turns(picture(5), reply)
+    )  # type: ignore[arg-type]
+    changed = await claude.messages.create(
+        model="vlm", max_tokens=6, messages=turns(picture(6), reply)
+    )  # type: ignore[arg-type]
+    same_hit = same.usage.cache_read_input_tokens or 0
+    changed_hit = changed.usage.cache_read_input_tokens or 0
+    assert same_hit >= prompt1 - 8, "the next turn with the same image was not reused past it"
+    assert changed_hit + RUN <= same_hit, "a changed image was reused"
+    # Where the images start: the changed one ends the match there exactly.
+    assert changed_hit < prompt1 - RUN
+
+
+async def test_a_match_never_ends_inside_an_image(
+    server_factory: ServerFactory, tiny_vlms: Path
+) -> None:
+    """A cached prefix that ends inside an image's run is cut back to where
+    the image starts (an image is encoded whole), and the count says so."""
+    server = await vlm_server(server_factory, tiny_vlms, "qwen2_5_vl")
+    loaded = server.engine.loaded
+    assert loaded is not None and loaded.images is not None
+    image = check(ImageInput("base64", base64.b64encode(picture(7)).decode(), "x"), ImageLimits())
+    conversation = Conversation(
+        [Message("user", f"look {IMAGE_PLACEHOLDER} now")], images=[image.input]
+    )
+    prompt = await trio.to_thread.run_sync(
+        lambda: render_sync(loaded.tokenizer, conversation, images=loaded.images, checked=[image])
+    )
+    assert prompt.vision is not None
+    span = prompt.vision.spans[0]
+    async with server.engine.submit(
+        prompt.tokens, SamplingParams(max_tokens=1), vision=prompt.vision
+    ) as handle:
+        async for _ in handle:
+            pass
+    # The same keys up to the middle of the image's run, other keys after it:
+    # as a prefix cut into blocks (the disk tier) matches a longer prompt.
+    half = span.start + (span.end - span.start) // 2
+    forged = [*prompt.tokens[:half], *(t ^ 1 for t in prompt.tokens[half : span.end])]
+    forged += prompt.tokens[span.end :]
+    engine = server.engine
+    unaware = await engine.lookup(forged, "")
+    aware = await engine.lookup(forged, "", prompt.vision)
+    try:
+        assert unaware is not None and unaware.length >= half
+        assert aware is not None and aware.length <= span.start
+    finally:
+        engine.release(unaware)
+        engine.release(aware)
+    with pytest.raises(EngineError):
+        engine.submit(prompt.tokens, SamplingParams(max_tokens=1))  # the images left out
+
+
+# -- exactness: batched, alone, and as mlx-vlm generates --------------------------------
+
+
+async def ask(server: Server, seed: int | None, tokens: int = 12) -> str:
+    content: list[dict[str, Any]] = [{"type": "text", "text": "Say what you see."}]
+    if seed is not None:
+        content.append(image_block(picture(seed, (112 + 28 * seed, 168))))
+    message = await server.anthropic().messages.create(
+        model="vlm",
+        max_tokens=tokens,
+        messages=[{"role": "user", "content": content}],  # type: ignore[typeddict-item]
+    )
+    return message.content[0].text  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "gemma3"])
+async def test_greedy_output_is_the_same_batched_and_alone(
+    server_factory: ServerFactory, tiny_vlms: Path, family: str
+) -> None:
+    server = await vlm_server(server_factory, tiny_vlms, family)
+    seeds = [1, None, 2, 3]
+    alone = [await ask(server, seed) for seed in seeds]
+    # A fresh server: nothing cached, every row prefills in one batch.
+    server = await vlm_server(server_factory, tiny_vlms, family)
+    together: dict[int, str] = {}
+
+    async def one(i: int) -> None:
+        together[i] = await ask(server, seeds[i])
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(seeds)):
+            nursery.start_soon(one, i)
+    assert [together[i] for i in range(len(seeds))] == alone
+    assert server.engine.stats.max_batch_size >= 2
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
+async def test_the_engine_generates_what_mlx_vlm_generates(
+    server_factory: ServerFactory, tiny_vlms: Path, family: str
+) -> None:
+    server = await vlm_server(server_factory, tiny_vlms, family)
+    loaded = server.engine.loaded
+    assert loaded is not None and loaded.images is not None
+    pictures = [picture(8, (140, 90)), picture(9, (60, 200))]
+    checked = [
+        check(ImageInput("base64", base64.b64encode(p).decode(), f"i{i}"), ImageLimits())
+        for i, p in enumerate(pictures)
+    ]
+    conversation = Conversation(
+        [
+            Message("system", "You look at pictures."),
+            Message("user", f"first {IMAGE_PLACEHOLDER} then {IMAGE_PLACEHOLDER} - compare"),
+        ],
+        images=[c.input for c in checked],
+    )
+    prompt = await trio.to_thread.run_sync(
+        lambda: render_sync(loaded.tokenizer, conversation, images=loaded.images, checked=checked)
+    )
+    assert prompt.vision is not None and len(prompt.vision.spans) == 2
+    ours = []
+    async with server.engine.submit(
+        prompt.tokens, SamplingParams(max_tokens=10), vision=prompt.vision
+    ) as handle:
+        async for event in handle:
+            ours.extend(event.token_ids)
+    path = str(tiny_vlms / family)
+    theirs = await trio.to_thread.run_sync(mlx_vlm_greedy, path, prompt.vision, prompt.tokens, 10)
+    assert ours == theirs
+
+
+def mlx_vlm_greedy(path: str, vision: VisionPrompt, prompt: list[int], count: int) -> list[int]:
+    """mlx-vlm's own generation (its generate_step, its loader) on the same
+    tokens and pixels: the reference."""
+    import mlx.core as mx
+    from mlx_vlm.generate.ar import generate_step
+    from mlx_vlm.utils import load
+
+    model, _ = load(path)
+    arrays = [s.arrays for s in vision.spans]
+    pixels = mx.array(np.concatenate([a["pixel_values"] for a in arrays]))
+    extra = {}
+    if "image_grid_thw" in arrays[0]:
+        extra["image_grid_thw"] = mx.array(np.concatenate([a["image_grid_thw"] for a in arrays]))
+    ids = mx.array(vision.model_tokens(prompt))[None]
+    mask = mx.ones(ids.shape, dtype=mx.int32)
+    steps = generate_step(ids, model, pixels, mask, max_tokens=count, temperature=0.0, **extra)
+    return [int(token) for token, _ in steps]
+
+
+# -- hang-ups and bad images -----------------------------------------------------------
+
+
+async def test_a_hang_up_during_image_encoding_idles_the_engine(
+    server_factory: ServerFactory, tiny_vlms: Path
+) -> None:
+    server = await vlm_server(server_factory, tiny_vlms, "qwen2_5_vl")
+    loaded = server.engine.loaded
+    assert loaded is not None
+    checked = [
+        check(
+            ImageInput("base64", base64.b64encode(picture(20 + i)).decode(), f"i{i}"), ImageLimits()
+        )
+        for i in range(40)
+    ]
+    conversation = Conversation(
+        [Message("user", " ".join([IMAGE_PLACEHOLDER] * len(checked)))],
+        images=[c.input for c in checked],
+    )
+    prompt = await trio.to_thread.run_sync(
+        lambda: render_sync(loaded.tokenizer, conversation, images=loaded.images, checked=checked)
+    )
+    assert prompt.vision is not None
+    engine = server.engine
+    events = []
+    with trio.fail_after(60):
+        async with engine.submit(
+            prompt.tokens, SamplingParams(max_tokens=4), vision=prompt.vision
+        ) as handle:
+            while handle.prefilled == 0:
+                await trio.sleep(0.001)
+            handle.cancel()
+            async for event in handle:
+                events.append(event)
+    assert events[-1].finish_reason == "cancelled"
+    assert handle.prefilled < prompt.vision.end, "the encode ran to the end"
+    assert not events[-1].token_ids
+    while engine.active_sequences:
+        await trio.sleep(0.01)
+    assert not engine.active_sequences
+
+
+async def test_a_bad_image_to_a_vlm_is_a_400(
+    server_factory: ServerFactory, tiny_vlms: Path
+) -> None:
+    import anthropic
+
+    server = await vlm_server(server_factory, tiny_vlms, "qwen2_5_vl")
+    before = server.engine.stats.submitted
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await server.anthropic().messages.create(
+            model="vlm",
+            max_tokens=4,
+            messages=[{"role": "user", "content": [image_block(b"\x89PNG not really")]}],
+        )
+    assert caught.value.body["error"]["message"].startswith("messages.0.content.0: ")
+    assert server.engine.stats.submitted == before
+
+
+async def test_codex_is_told_the_model_takes_images(
+    server_factory: ServerFactory, tiny_vlms: Path
+) -> None:
+    server = await vlm_server(server_factory, tiny_vlms, "qwen2_5_vl")
+    async with server.client() as http:
+        body = (await http.get("/v1/models", params={"client_version": "0.171.0"})).json()
+    [info] = body["models"]
+    assert info["input_modalities"] == ["text", "image"]
+
+
+async def test_image_blocks_survive_a_restart_and_a_changed_image_misses(
+    tiny_vlms: Path, tmp_path: Path
+) -> None:
+    """On disk the KV is cut into 256-token blocks: after a restart a match
+    ends at a block edge, which here falls inside an image; it is cut back
+    to where that image starts, and a changed image before it misses."""
+    from mlxtrio.engine.types import BLOCK_TOKENS
+
+    from .conftest import start_server
+
+    settings = {
+        "model": str(tiny_vlms / "qwen2_5_vl"),
+        "model_name": "vlm",
+        "data_dir": str(tmp_path),
+    }
+
+    def content(seeds: list[int]) -> list[dict[str, Any]]:
+        blocks: list[dict[str, Any]] = [{"type": "text", "text": "Compare these:"}]
+        return blocks + [image_block(picture(s)) for s in seeds]
+
+    answers: list[str] = []
+
+    async def ask_cached(server: Server, seeds: list[int]) -> tuple[int, int]:
+        message = await server.anthropic().messages.create(
+            model="vlm",
+            max_tokens=6,
+            messages=[{"role": "user", "content": content(seeds)}],  # type: ignore[typeddict-item]
+        )
+        answers.append(message.content[0].text)  # type: ignore[union-attr]
+        cached = message.usage.cache_read_input_tokens or 0
+        return message.usage.input_tokens + cached, cached
+
+    seeds = [30, 31, 32, 33, 34]
+    async with trio.open_nursery() as nursery:
+        server = await start_server(nursery, **settings)
+        total, cached = await ask_cached(server, seeds)
+        assert cached == 0 and total > BLOCK_TOKENS
+        disk = server.engine.cache.index.disk
+        assert disk is not None
+        with trio.fail_after(30):
+            while len(disk) < total // BLOCK_TOKENS:
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:
+        server = await start_server(nursery, **settings)
+        _, changed = await ask_cached(server, [99, *seeds[1:]])
+        _, same = await ask_cached(server, seeds)
+        nursery.cancel_scope.cancel()
+    # Blocks hold the first 256 tokens; the 4th image (64 tokens each, after
+    # a few of text) straddles the edge, so the match ends where it starts.
+    assert changed < RUN
+    assert 3 * RUN < same < BLOCK_TOKENS
+    assert answers[2] == answers[0], (
+        f"the KV read back from disk is not the KV computed cold: {answers}"
+    )
