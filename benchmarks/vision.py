@@ -173,6 +173,10 @@ async def measure(url: str) -> dict:
 
 def table(results: dict) -> str:
     lines = [
+        "Qwen2.5-VL at bench size (random weights; language model 512 wide, 8 layers; vision"
+        " tower 512 wide, 8 blocks, 2 with full attention), float32, a 1280 x 800 screenshot"
+        " = 4,000 patches = 1,000 image tokens; `benchmarks/vision.py`.",
+        "",
         "| turn | seconds | prompt tokens | cached |",
         "|---|---:|---:|---:|",
     ]

@@ -68,8 +68,10 @@ def image_block(data: bytes) -> dict[str, Any]:
     return {"type": "image", "source": source}
 
 
-async def vlm_server(server_factory: ServerFactory, tiny_vlms: Path, family: str) -> Server:
-    return await server_factory(model=str(tiny_vlms / family), model_name="vlm")
+async def vlm_server(
+    server_factory: ServerFactory, tiny_vlms: Path, family: str, **settings: Any
+) -> Server:
+    return await server_factory(model=str(tiny_vlms / family), model_name="vlm", **settings)
 
 
 def access_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -423,7 +425,8 @@ def mlx_vlm_greedy(path: str, vision: VisionPrompt, prompt: list[int], count: in
 async def test_a_hang_up_during_image_encoding_idles_the_engine(
     server_factory: ServerFactory, tiny_vlms: Path
 ) -> None:
-    server = await vlm_server(server_factory, tiny_vlms, "qwen2_5_vl")
+    # Steps of a few milliseconds: the tiny model's 40 images take many.
+    server = await vlm_server(server_factory, tiny_vlms, "qwen2_5_vl", prefill_step_seconds=0.002)
     loaded = server.engine.loaded
     assert loaded is not None
     checked = [
@@ -457,6 +460,12 @@ async def test_a_hang_up_during_image_encoding_idles_the_engine(
     while engine.active_sequences:
         await trio.sleep(0.01)
     assert not engine.active_sequences
+    # The engine serves on: the same prompt again runs to its end.
+    async with engine.submit(
+        prompt.tokens, SamplingParams(max_tokens=2), vision=prompt.vision
+    ) as again:
+        finals = [event async for event in again if event.finish_reason]
+    assert finals[-1].finish_reason == "length"
 
 
 async def test_a_bad_image_to_a_vlm_is_a_400(

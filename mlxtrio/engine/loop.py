@@ -39,7 +39,7 @@ from .commands import Cancel, Command, Drop, ForgetDisk, Share, Shutdown, Submit
 from .handle import GenerationHandle
 from .memory import release_buffers
 from .model import LoadedModel
-from .pacing import PrefillPacer
+from .pacing import SOLO_FACTOR, PrefillPacer
 from .processors.assembly import ProcessorFactory
 from .processors.sampling import normalized, sampler_for
 from .schedule import Schedule
@@ -228,17 +228,24 @@ class EngineLoop:
         self.by_handle[handle] = seq
 
     def _stage(self) -> None:
-        """One unit of the first staged sequence's vision prefill (a slice of
-        text, or one image); it joins the batch once its last image is in."""
+        """The first staged sequence's vision prefill, for one engine step's
+        time: layer by layer (an image's tower, then the language model over
+        its tokens; text between images in paced slices), so running streams
+        wait about one step for their next token. It joins the batch once its
+        last image is in."""
         handle, staged = next(iter(self.staged.items()))
         seq, prefill = staged.seq, staged.prefill
         now = time.perf_counter()
         if seq.prefill_started_at is None:
             seq.prefill_started_at = now
             seq.stats.queue_seconds = now - seq.submitted_at
+        budget = self.pacer.budget * (1 if self.live else SOLO_FACTOR)
         chunk = self.pacer.chunk(prefill.position, 1, bool(self.live))
         try:
-            ran = prefill.advance(chunk)
+            while not prefill.done:
+                seq.stats.prefilled_tokens += prefill.advance(chunk)
+                if time.perf_counter() - now >= budget:
+                    break
         except Exception as exc:
             if self.strict:
                 raise
@@ -247,7 +254,6 @@ class EngineLoop:
             self.by_handle.pop(handle, None)
             self.outbox.deliver([(handle, _error(f"could not encode the images: {exc}"))])
             return
-        seq.stats.prefilled_tokens += ran
         handle.prefilled = prefill.position
         if prefill.done:
             del self.staged[handle]
@@ -255,9 +261,13 @@ class EngineLoop:
 
     def _unstage(self, staged: Staged) -> None:
         """End a sequence cancelled during its vision prefill; what it encoded
-        is kept, so a retry of the same prompt starts after it."""
+        is kept when no unit was half done, so a retry starts after it."""
         seq, prefill = staged.seq, staged.prefill
-        if self.settings.cache_enabled and prefill.position > staged.join.reused:
+        if (
+            self.settings.cache_enabled
+            and prefill.settled
+            and prefill.position > staged.join.reused
+        ):
             try:
                 tokens = seq.handle.prompt[: prefill.position]
                 self.snapshots.keep(seq.handle.cache_key, prefill.cache, tokens)

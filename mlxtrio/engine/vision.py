@@ -31,12 +31,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache
 
 from .image_tokens import ImageSpan, ImageTokenizer, VisionPrompt
@@ -170,6 +174,7 @@ def read_vision_checkpoint(
     config = json.loads((directory / "config.json").read_text())
     tokenizer = load_tokenizer(directory, eos_token_ids=config.get("eos_token_id"))
     read_weights(vlm, progress)
+    record_layers(vlm)
     return VisionTextModel(vlm, processor), tokenizer, config
 
 
@@ -193,7 +198,10 @@ class VisionPrefill:
     position: int  # tokens already in the cache
     rope_delta: int = 0
     _positions: Any = None  # M-RoPE: every prompt token's 3-D position
-    encoded: int = field(default=0)  # images encoded so far
+    encoded: int = 0  # images encoded so far
+    # The unit in progress: what is left to evaluate, and where it ends.
+    _pending: list[list[Any]] = field(default_factory=list)
+    _unit_end: int = 0
 
     @classmethod
     def start(
@@ -213,6 +221,12 @@ class VisionPrefill:
     def done(self) -> bool:
         return self.vision is None or self.position >= self.vision.end
 
+    @property
+    def settled(self) -> bool:
+        """No unit is half done: the cache holds exactly ``position`` tokens.
+        (Mid-unit it holds a graph through the unit's end, not evaluated.)"""
+        return not self._pending
+
     def batch_cache(self) -> list[Any]:
         """The cache to insert into the batch (M-RoPE: carrying the delta)."""
         if self.model.mrope:
@@ -220,44 +234,125 @@ class VisionPrefill:
         return self.cache
 
     def advance(self, text_chunk: int) -> int:
-        """Run the next unit: up to ``text_chunk`` tokens of text, or the next
-        image whole. Returns how many prompt tokens it put in the cache."""
+        """Run the next piece of work: one layer's evaluation of the unit in
+        progress (see :func:`record_layers`), or a new unit: up to
+        ``text_chunk`` tokens of text, or the next image. Returns how many
+        prompt tokens entered the cache (0 until a unit's last piece)."""
+        if not self._pending:
+            self._plan_unit(text_chunk)
+        mx.eval(self._pending.pop(0))
+        if self._pending:
+            return 0
+        _forget_rope_state(self.model.language)
+        ran, self.position = self._unit_end - self.position, self._unit_end
+        return ran
+
+    def _plan_unit(self, text_chunk: int) -> None:
         assert self.vision is not None, "advance() on a text prompt"
         span = next(s for s in self.vision.spans if s.end > self.position)
         if self.position < span.start:
             end = min(span.start, self.position + max(1, text_chunk))
-            self._run(self.position, end, None)
+            self._pending = self._build(self.position, end, None)
         else:
             end = span.end
-            self._run(span.start, end, span)
+            self._pending = self._build(span.start, end, span)
             self.encoded += 1
-        ran, self.position = end - self.position, end
-        return ran
+        self._unit_end = end
 
-    def _run(self, start: int, end: int, span: ImageSpan | None) -> None:
+    def _build(self, start: int, end: int, span: ImageSpan | None) -> list[list[Any]]:
+        """The unit's graph, built lazily: what to evaluate, in order (each
+        recorded layer's output, then the cache)."""
         assert self.vision is not None
         language = self.model.language
         ids = mx.array(self.vision.model_tokens(self.prompt, start, end))[None]
         extra: dict[str, Any] = {}
         embeds = None
-        if span is not None:
-            arrays = {k: mx.array(v) for k, v in span.arrays.items() if k != "num_crops"}
-            pixels = arrays.pop("pixel_values")
-            features = self.model.vlm.get_input_embeddings(
-                ids, pixels, mask=mx.ones(ids.shape, dtype=mx.int32), **arrays
-            )
-            embeds = features.inputs_embeds
-            extra = {
-                k: v
-                for k, v in features.to_dict().items()
-                if v is not None and k not in ("inputs_embeds", "position_ids", "rope_deltas")
-            }
-        if self._positions is not None:
-            # The language model slices whole-prompt positions at its cache offset.
-            extra["position_ids"] = self._positions
-        language(ids, inputs_embeds=embeds, cache=self.cache, **extra)
-        mx.eval([c.state for c in self.cache])
-        _forget_rope_state(language)
+        with recording() as layers:
+            if span is not None:
+                arrays = {k: mx.array(v) for k, v in span.arrays.items() if k != "num_crops"}
+                pixels = arrays.pop("pixel_values")
+                features = self.model.vlm.get_input_embeddings(
+                    ids, pixels, mask=mx.ones(ids.shape, dtype=mx.int32), **arrays
+                )
+                embeds = features.inputs_embeds
+                extra = {
+                    k: v
+                    for k, v in features.to_dict().items()
+                    if v is not None and k not in ("inputs_embeds", "position_ids", "rope_deltas")
+                }
+            if self._positions is not None:
+                # The language model slices whole-prompt positions at its cache offset.
+                extra["position_ids"] = self._positions
+            language(ids, inputs_embeds=embeds, cache=self.cache, **extra)
+        return [*layers, [c.state for c in self.cache]]
+
+
+# -- evaluating a unit one layer at a time -------------------------------------------------
+
+_recorder = threading.local()
+
+
+@contextmanager
+def recording() -> Iterator[list[list[Any]]]:
+    """Collect the outputs of the layers :func:`record_layers` marked, as the
+    graph is built (on this thread): evaluating them one after the other
+    computes the graph a layer at a time, each piece an engine step's work."""
+    outputs: list[list[Any]] = []
+    _recorder.outputs = outputs
+    try:
+        yield outputs
+    finally:
+        _recorder.outputs = None
+
+
+def record_layers(vlm: Any) -> int:
+    """Mark the vision tower's and the language model's layer stacks (the
+    longest list of blocks in each) so that :func:`recording` sees their
+    outputs; returns how many layers were marked. A tower that evaluates its
+    hidden states while its graph is built still works, in one piece."""
+    marked = 0
+    for part in (getattr(vlm, "vision_tower", None), getattr(vlm, "language_model", None)):
+        if part is None:
+            continue
+        for layer in _longest_stack(part):
+            layer.__class__ = _recorded_class(type(layer))  # the same weights, recorded
+            marked += 1
+    return marked
+
+
+def _longest_stack(module: Any) -> list[Any]:
+    stacks: dict[str, list[Any]] = {}
+    for name, child in module.named_modules():
+        parent, _, index = name.rpartition(".")
+        if index.isdigit():
+            stacks.setdefault(parent, []).append(child)
+    return max(stacks.values(), key=len, default=[])
+
+
+_recorded_classes: dict[type, type] = {}
+
+
+def _recorded_class(cls: type) -> type:
+    """``cls`` with its outputs recorded (one subclass per class)."""
+    if getattr(cls, "_mlxtrio_recorded", False):
+        return cls
+    if cls not in _recorded_classes:
+        _recorded_classes[cls] = _make_recorded(cls)
+    return _recorded_classes[cls]
+
+
+def _make_recorded(cls: type) -> type:
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = cls.__call__(self, *args, **kwargs)
+        outputs = getattr(_recorder, "outputs", None)
+        if outputs is not None:
+            leaves = cast(list[tuple[str, Any]], tree_flatten(out))
+            arrays = [v for _, v in leaves if isinstance(v, mx.array)]
+            if arrays:
+                outputs.append(arrays)
+        return out
+
+    return type(cls.__name__, (cls,), {"__call__": __call__, "_mlxtrio_recorded": True})
 
 
 def _mrope_positions(
