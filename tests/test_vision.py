@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import trio
 
-from mlxtrio.chat.conversation import IMAGE_PLACEHOLDER, Conversation, Message
-from mlxtrio.chat.images import ImageInput, ImageLimits, check
+from mlxtrio.chat.conversation import Conversation, Message
+from mlxtrio.chat.images import ImageInput, ImageLimits, check, image_marker
 from mlxtrio.chat.prompt import render_sync
 from mlxtrio.engine.handle import EngineError
 from mlxtrio.engine.image_tokens import KEY_BASE, VisionPrompt, key_tokens
@@ -300,7 +300,7 @@ async def test_a_match_never_ends_inside_an_image(
     assert loaded is not None and loaded.images is not None
     image = check(ImageInput("base64", base64.b64encode(picture(7)).decode(), "x"), ImageLimits())
     conversation = Conversation(
-        [Message("user", f"look {IMAGE_PLACEHOLDER} now")], images=[image.input]
+        [Message("user", f"look {image_marker(image.input)} now")], images=[image.input]
     )
     prompt = await trio.to_thread.run_sync(
         lambda: render_sync(loaded.tokenizer, conversation, images=loaded.images, checked=[image])
@@ -381,7 +381,10 @@ async def test_the_engine_generates_what_mlx_vlm_generates(
     conversation = Conversation(
         [
             Message("system", "You look at pictures."),
-            Message("user", f"first {IMAGE_PLACEHOLDER} then {IMAGE_PLACEHOLDER} - compare"),
+            Message(
+                "user",
+                f"first {image_marker(checked[0].input)} then {image_marker(checked[1].input)}",
+            ),
         ],
         images=[c.input for c in checked],
     )
@@ -436,7 +439,7 @@ async def test_a_hang_up_during_image_encoding_idles_the_engine(
         for i in range(40)
     ]
     conversation = Conversation(
-        [Message("user", " ".join([IMAGE_PLACEHOLDER] * len(checked)))],
+        [Message("user", " ".join(image_marker(c.input) for c in checked))],
         images=[c.input for c in checked],
     )
     prompt = await trio.to_thread.run_sync(
@@ -550,3 +553,160 @@ async def test_image_blocks_survive_a_restart_and_a_changed_image_misses(
     assert answers[2] == answers[0], (
         f"the KV read back from disk is not the KV computed cold: {answers}"
     )
+
+
+# -- each image where it stands --------------------------------------------------------
+
+
+async def render_vlm(server: Server, conversation: Conversation) -> Any:
+    loaded = server.engine.loaded
+    assert loaded is not None and loaded.images is not None
+    limits = ImageLimits()
+    checked = [check(image, limits) for image in conversation.images]
+    return await trio.to_thread.run_sync(
+        lambda: render_sync(loaded.tokenizer, conversation, images=loaded.images, checked=checked)
+    )
+
+
+async def test_each_image_takes_its_own_place(
+    server_factory: ServerFactory, tiny_vlms: Path
+) -> None:
+    """Claude Code sends an image beside a tool result whose content holds
+    another: the tool message is rendered first, so the images stand in the
+    prompt in another order than the request lists them."""
+    import hashlib
+
+    from mlxtrio.api.messages.convert import to_conversation
+    from mlxtrio.api.messages.requests import MessagesRequest
+
+    server = await vlm_server(server_factory, tiny_vlms, "qwen2_5_vl")
+    beside, inside = picture(40), picture(41)
+    request = MessagesRequest.model_validate(
+        {
+            "model": "vlm",
+            "max_tokens": 4,
+            "messages": [
+                {"role": "user", "content": "Look at a.png"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {}}],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        image_block(beside),
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [image_block(inside)],
+                        },
+                    ],
+                },
+            ],
+        }
+    )
+    conversation = to_conversation(request)
+    assert [m.role for m in conversation.messages][-2:] == ["tool", "user"]
+    prompt = await render_vlm(server, conversation)
+    digests = [span.digest for span in prompt.vision.spans]
+    assert digests == [hashlib.sha256(inside).hexdigest(), hashlib.sha256(beside).hexdigest()]
+
+
+async def test_an_earlier_turns_image_that_is_not_sent_again_is_a_placeholder(
+    server_factory: ServerFactory, tiny_vlms: Path
+) -> None:
+    """A Responses chain rebuilt from the store holds its images' markers but
+    not their pixels: those stay placeholders, the new image takes its place."""
+    server = await vlm_server(server_factory, tiny_vlms, "qwen2_5_vl")
+    stored = ImageInput("base64", base64.b64encode(picture(42)).decode(), "input.0")
+    new = ImageInput("base64", base64.b64encode(picture(43)).decode(), "input.1")
+    conversation = Conversation(
+        [
+            Message("user", f"before {image_marker(stored)}"),
+            Message("assistant", "ok"),
+            Message("user", f"now {image_marker(new)}"),
+        ],
+        images=[new],
+    )
+    prompt = await render_vlm(server, conversation)
+    assert prompt.vision is not None and len(prompt.vision.spans) == 1
+    loaded = server.engine.loaded
+    assert loaded is not None
+    text = loaded.tokenizer.decode(prompt.vision.model_tokens(prompt.tokens))
+    assert "[image omitted" in text and text.index("[image omitted") < text.index("now")
+
+
+async def test_text_that_spells_the_image_markup_is_refused(
+    server_factory: ServerFactory, tiny_vlms: Path
+) -> None:
+    import anthropic
+
+    server = await vlm_server(server_factory, tiny_vlms, "qwen2_5_vl")
+    markup = "<|vision_start|><|image_pad|><|vision_end|>"
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await server.anthropic().messages.create(
+            model="vlm",
+            max_tokens=4,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": markup}, image_block(picture(44))],
+                }
+            ],
+        )
+    assert "image markup" in caught.value.body["error"]["message"]
+
+
+async def test_a_hybrid_checkpoint_with_a_vision_config_still_serves_text(
+    server_factory: ServerFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Qwen3.5 checkpoints carry a vision config; their recurrent layers'
+    state is not a cache the text batch takes from mlx-vlm, so mlx-lm serves
+    the language model, exactly as without the vision config."""
+    import json
+    import shutil
+
+    from .scripted_hybrid import build_hybrid
+
+    plain = build_hybrid(tmp_path / "plain", "ssm")
+    seeing = tmp_path / "seeing"
+    shutil.copytree(plain, seeing)
+    config = json.loads((seeing / "config.json").read_text())
+    vision = {"model_type": "qwen3_5", "depth": 1, "hidden_size": 32, "out_hidden_size": 64}
+    (seeing / "config.json").write_text(json.dumps({**config, "vision_config": vision}))
+    caplog.set_level(logging.INFO, "mlxtrio")
+    answers = []
+    for path in (plain, seeing):
+        server = await server_factory(model=str(path), model_name="hybrid")
+        message = await server.anthropic().messages.create(
+            model="hybrid",
+            max_tokens=8,
+            messages=[{"role": "user", "content": "What is the rule?"}],
+        )
+        answers.append(message.content[0].text)  # type: ignore[union-attr]
+    assert answers[0] == answers[1]
+    assert any("served as text only" in r.getMessage() for r in caplog.records)
+
+
+def test_recurrent_layers_are_not_taken_into_the_vision_batch() -> None:
+    """mlx-vlm's Qwen3.5 keeps its Gated DeltaNet state in ArraysCache: the
+    vision path refuses it before any weight is read (mlx-lm then serves the
+    model as text, see above)."""
+    import json
+
+    from mlx_vlm.utils import get_model_and_args, update_module_configs
+
+    from mlxtrio.engine.vision import VisionTextModel
+
+    from .scripted_hybrid import _ssm_config
+
+    text = _ssm_config(4160)
+    text["rope_parameters"] = {**text["rope_parameters"], "mrope_section": [2, 3, 3]}
+    vision = {"depth": 1, "hidden_size": 32, "out_hidden_size": 64, "num_heads": 2}
+    raw = {"model_type": "qwen3_5", "text_config": text, "vision_config": vision}
+    arch, _ = get_model_and_args(raw)
+    config = update_module_configs(
+        arch.ModelConfig.from_dict(json.loads(json.dumps(raw))), arch, raw, ["text", "vision"]
+    )
+    with pytest.raises(ValueError, match="ArraysCache"):
+        VisionTextModel(arch.Model(config), None).make_cache()

@@ -144,8 +144,8 @@ class Conversation:
     # How hard a model that takes an effort should reason (gpt-oss's Harmony
     # system message): "low", "medium" or "high"; None: the template's default.
     reasoning_effort: str | None = None
-    # The images this request carries, in order (each stands in the messages'
-    # text as IMAGE_PLACEHOLDER); checked before anything else is done.
+    # The images this request carries (each stands in its message's text as
+    # its image_marker); checked before anything else is done.
     images: list[ImageInput] = field(default_factory=list)
 
 

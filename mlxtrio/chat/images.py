@@ -20,6 +20,8 @@ import base64
 import binascii
 import hashlib
 import io
+import re
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -49,6 +51,20 @@ class ImageInput:
     param: str
     media_type: str | None = None  # as claimed; None when the client did not say
     detail: str | None = None  # Responses / Chat Completions "low" | "high" | "auto"
+    # Names this image where it stands in a message's text (see image_marker):
+    # random, so a marker stored with an earlier turn never names a new image.
+    key: str = field(default_factory=lambda: secrets.token_hex(8), compare=False)
+
+
+# Where an image stands in a message's text: private-use characters around its
+# key. Rendering writes each as the model's image markup when the model sees
+# it, else as IMAGE_PLACEHOLDER (see mlxtrio.chat.prompt).
+IMAGE_MARKER = re.compile("\ue000image ([0-9a-f]+)\ue001")
+
+
+def image_marker(image: ImageInput) -> str:
+    """The text that stands for ``image`` in its message."""
+    return f"\ue000image {image.key}\ue001"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ never blocks on a 20k-token agent prompt.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,7 @@ import trio
 
 from ..engine.image_tokens import ImageTokenError, ImageTokenizer, VisionPrompt
 from .conversation import IMAGE_PLACEHOLDER, Conversation, OutputFormat
-from .images import CheckedImage
+from .images import IMAGE_MARKER, CheckedImage
 
 
 @dataclass(frozen=True)
@@ -47,11 +48,12 @@ def render_sync(
     checked: list[CheckedImage] | None = None,
 ) -> RenderedPrompt:
     """See :func:`render`."""
-    messages = [m.template_dict() for m in conversation.messages]
-    seen = images is not None and bool(checked)
-    if seen:
-        assert images is not None and checked is not None
-        messages = _with_images(messages, images.image_text, len(checked))
+    shown = {c.input.key: c for c in checked or ()} if images is not None else {}
+    order: list[CheckedImage] = []  # the images as the messages hold them
+    messages = [
+        _show_images(m.template_dict(), shown, order, images.image_text if images else "")
+        for m in conversation.messages
+    ]
     if conversation.output_format is not None:
         messages = _asking_for(conversation.output_format, messages)
     tools = [t.template_dict() for t in conversation.tools] or None
@@ -67,31 +69,39 @@ def render_sync(
             tokenizer, messages, tools, conversation.thinking, tokens, conversation.reasoning_effort
         )
     vision = None
-    if seen:
-        assert images is not None and checked is not None
+    if order:
+        assert images is not None
         try:
-            pictures = [(c.open(), c.digest, c.input.detail) for c in checked]
+            pictures = [(c.open, c.digest, c.input.detail) for c in order]
             tokens, vision = images.splice(tokens, pictures)
         except ImageTokenError as exc:
             raise PromptError(f"cannot show the images to the model: {exc}") from exc
     return RenderedPrompt(tokens, ends_in_open_think(tokenizer, tokens), system_end, vision)
 
 
-def _with_images(
-    messages: list[dict[str, Any]], image_text: str, count: int
-) -> list[dict[str, Any]]:
-    """``messages`` with the first ``count`` image placeholders written as the
-    chat template writes an image (the processor widens each afterwards)."""
-    left = count
-    out = []
-    for message in messages:
-        content = message.get("content")
-        if left and isinstance(content, str) and IMAGE_PLACEHOLDER in content:
-            found = min(left, content.count(IMAGE_PLACEHOLDER))
-            message = {**message, "content": content.replace(IMAGE_PLACEHOLDER, image_text, found)}
-            left -= found
-        out.append(message)
-    return out
+def _show_images(
+    message: dict[str, Any],
+    shown: dict[str, CheckedImage],
+    order: list[CheckedImage],
+    image_text: str,
+) -> dict[str, Any]:
+    """``message`` with each image marker written as the chat template writes
+    an image (the processor widens each afterwards) when the model sees that
+    image, else as IMAGE_PLACEHOLDER (a model that reads text, or an image of
+    an earlier turn that this request does not carry); ``order`` collects
+    the images in the order they stand."""
+    content = message.get("content")
+    if not isinstance(content, str) or "\ue000" not in content:
+        return message
+
+    def written(marker: re.Match[str]) -> str:
+        image = shown.get(marker.group(1))
+        if image is None or image in order:
+            return IMAGE_PLACEHOLDER
+        order.append(image)
+        return image_text
+
+    return {**message, "content": IMAGE_MARKER.sub(written, content)}
 
 
 def _rendered(

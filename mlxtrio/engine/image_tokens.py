@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,8 +138,9 @@ class ImageTokenizer:
             return "grid"
         return None
 
-    def encode(self, image: Any, digest: str, detail: str | None = None) -> _Encoded:
-        """One image (a PIL image) as the model's ids, key tokens and arrays."""
+    def encode(self, image: Callable[[], Any], digest: str, detail: str | None = None) -> _Encoded:
+        """One image as the model's ids, key tokens and arrays; ``image``
+        opens it (a PIL image), called only when it was not encoded lately."""
         key = (digest, detail)
         with self._lock:
             found = self._cache.get(key)
@@ -155,13 +157,13 @@ class ImageTokenizer:
                     self._cached_bytes -= dropped.nbytes
         return encoded
 
-    def _encode(self, image: Any, digest: str, detail: str | None) -> _Encoded:
+    def _encode(self, image: Callable[[], Any], digest: str, detail: str | None) -> _Encoded:
         options: dict[str, Any] = {}
         if detail == "low" and self._widening() == "grid":
             default = getattr(self.image_processor, "max_pixels", None) or LOW_DETAIL_PIXELS
             options["max_pixels"] = min(default, LOW_DETAIL_PIXELS)
         try:
-            raw = self.image_processor(images=[image.convert("RGB")], **options)
+            raw = self.image_processor(images=[image().convert("RGB")], **options)
         except Exception as exc:  # the processor's own refusals (sizes, modes)
             raise ImageTokenError(f"the model's image processor could not read it: {exc}") from exc
         arrays = {k: np.asarray(v) for k, v in dict(raw).items() if v is not None}
@@ -186,11 +188,11 @@ class ImageTokenizer:
         return [t for p in self.pattern for t in ([p] * count if p == image_token else [p])]
 
     def splice(
-        self, tokens: list[int], images: list[tuple[Any, str, str | None]]
+        self, tokens: list[int], images: list[tuple[Callable[[], Any], str, str | None]]
     ) -> tuple[list[int], VisionPrompt | None]:
         """``tokens`` (the template's rendering, one ``pattern`` per image)
         with each image's run in place, as key tokens; and where they stand.
-        ``images``: (PIL image, content digest, detail) in order."""
+        ``images``: (opens the image, content digest, detail) in order."""
         if not images:
             return tokens, None
         out: list[int] = []
@@ -208,11 +210,19 @@ class ImageTokenizer:
             else:
                 out.append(tokens[i])
                 i += 1
-        if len(spans) != len(images):
+        if len(spans) != len(images) or _count(tokens, self.pattern) != len(images):
+            # Fewer: the template dropped a message; more: the text itself
+            # spells the model's image markup, which would take an image's place.
             raise ImageTokenError(
-                f"the chat template placed {len(spans)} of the {len(images)} images"
+                f"the prompt holds the model's image markup {_count(tokens, self.pattern)} "
+                f"times for {len(images)} images (its text may not spell that markup)"
             )
         return out, VisionPrompt(tuple(spans))
+
+
+def _count(tokens: list[int], pattern: list[int]) -> int:
+    width, first = len(pattern), pattern[0]
+    return sum(1 for i, t in enumerate(tokens) if t == first and tokens[i : i + width] == pattern)
 
 
 def key_tokens(digest: str, count: int) -> tuple[int, ...]:

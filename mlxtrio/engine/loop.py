@@ -121,11 +121,13 @@ class EngineLoop:
                 idle = not self.live and not self.staged
                 commands = self.schedule.commands(idle, self._report)
                 serving = self._apply(commands)
+                if serving and self.staged:
+                    # Before planning: a sequence that joins the batch now
+                    # has its text prefill paced in this very step.
+                    self._stage()
                 chunk = self.schedule.agree(commands, self._plan() if serving else 0, self._report)
                 if not serving:
                     return
-                if self.staged:
-                    self._stage()
                 if self.live:
                     self._step(chunk)
                     if not self.live:
@@ -255,9 +257,17 @@ class EngineLoop:
             self.outbox.deliver([(handle, _error(f"could not encode the images: {exc}"))])
             return
         handle.prefilled = prefill.position
-        if prefill.done:
-            del self.staged[handle]
+        if not prefill.done:
+            return
+        del self.staged[handle]
+        try:
             self._join(seq, staged.join, prefill.batch_cache(), prefill.position)
+        except Exception as exc:
+            if self.strict:
+                raise
+            log.exception("could not start a sequence after its images")
+            self.by_handle.pop(handle, None)
+            self.outbox.deliver([(handle, _error(f"could not start generation: {exc}"))])
 
     def _unstage(self, staged: Staged) -> None:
         """End a sequence cancelled during its vision prefill; what it encoded

@@ -94,6 +94,9 @@ class MRopeKVCache(KVCache):
     delta joins the row's offset (the RoPE position), never its write index."""
 
     rope_delta: int = 0
+    # Its keys and values are a plain KVCache's: the prefix cache cuts it into
+    # blocks like one (the delta is the sequence's, recomputed at reuse).
+    PLAIN_KV = True
 
     @classmethod
     def adopt(cls, cache: Any, delta: int) -> MRopeKVCache:
@@ -142,10 +145,16 @@ class VisionTextModel(nn.Module):
 
 
 def _lm_cache(cache: Any) -> Any:
-    """mlx-lm's cache class for one of mlx-vlm's (the batch merges mlx-lm's)."""
-    if type(cache).__name__ == "RotatingKVCache":
+    """mlx-lm's cache class for one of mlx-vlm's (the batch merges mlx-lm's).
+    Only attention caches are known here: a recurrent layer's state (Qwen3.5's
+    Gated DeltaNet), chunked or nested caches raise ValueError, and the model
+    is served by mlx-lm as text instead."""
+    kind = type(cache).__name__
+    if kind == "RotatingKVCache":
         return RotatingKVCache(max_size=cache.max_size, keep=getattr(cache, "keep", 0))
-    return KVCache()
+    if kind == "KVCache":
+        return KVCache()
+    raise ValueError(f"its {kind} layers are not served with images")
 
 
 def _text_positions(cache: Any, length: int, rows: int) -> mx.array:
@@ -170,12 +179,14 @@ def read_vision_checkpoint(
     from mlx_vlm.utils import load as load_vlm
 
     vlm, processor = load_vlm(path, lazy=True)
+    model = VisionTextModel(vlm, processor)
+    model.make_cache()  # raises for caches the batch cannot take, before any weight is read
     directory = Path(get_model_path(path))
     config = json.loads((directory / "config.json").read_text())
     tokenizer = load_tokenizer(directory, eos_token_ids=config.get("eos_token_id"))
     read_weights(vlm, progress)
     record_layers(vlm)
-    return VisionTextModel(vlm, processor), tokenizer, config
+    return model, tokenizer, config
 
 
 def image_tokenizer(model: Any, tokenizer: Any) -> ImageTokenizer | None:

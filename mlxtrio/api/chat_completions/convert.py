@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from ... import jsontext
 from ...chat.conversation import (
-    IMAGE_PLACEHOLDER,
     Conversation,
     Message,
     OutputFormat,
@@ -23,7 +22,7 @@ from ...chat.conversation import (
     effort_level,
 )
 from ...chat.errors import ConversationError
-from ...chat.images import ImageInput, from_data_url, image_error
+from ...chat.images import ImageInput, from_data_url, image_error, image_marker
 from ...chat.tool_order import CHAT, validate_tool_order
 from ...grammar.custom_tools import freeform_tool
 from .requests import (
@@ -103,8 +102,9 @@ def _user_text(message: UserMessage, where: str, images: list[ImageInput]) -> st
     parts = []
     for i, part in enumerate(message.content):
         if isinstance(part, ImagePart):
-            images.append(_image(part, f"{where}.content.{i}"))
-            parts.append(IMAGE_PLACEHOLDER)
+            image = _image(part, f"{where}.content.{i}")
+            images.append(image)
+            parts.append(image_marker(image))
         elif isinstance(part, AudioPart | FilePart):
             raise ConversationError(
                 f'content part type "{part.type}" is not supported: this model reads text '

@@ -8,7 +8,6 @@ offered), raised as :class:`ConversationError` with a message a person can act o
 from __future__ import annotations
 
 from ...chat.conversation import (
-    IMAGE_PLACEHOLDER,
     Conversation,
     Message,
     OutputFormat,
@@ -19,7 +18,7 @@ from ...chat.conversation import (
     effort_level,
 )
 from ...chat.errors import ConversationError
-from ...chat.images import ImageInput, from_data_url, image_error
+from ...chat.images import ImageInput, from_data_url, image_error, image_marker
 from ...chat.tool_order import ANTHROPIC, validate_tool_order
 from .requests import (
     AnyChoice,
@@ -120,8 +119,9 @@ def _plain_text(content: PlainContent | None, images: list[ImageInput], where: s
         if isinstance(block, TextBlock):
             texts.append(block.text)
         else:
-            images.append(_image(block, f"{where}.{j}"))
-            texts.append(IMAGE_PLACEHOLDER)
+            image = _image(block, f"{where}.{j}")
+            images.append(image)
+            texts.append(image_marker(image))
     return "".join(texts)
 
 
@@ -162,8 +162,9 @@ def _user_turn(
         if isinstance(block, TextBlock):
             texts.append(block.text)
         elif isinstance(block, ImageBlock):
-            images.append(_image(block, f"{where}.{j}"))
-            texts.append(IMAGE_PLACEHOLDER)
+            image = _image(block, f"{where}.{j}")
+            images.append(image)
+            texts.append(image_marker(image))
         elif isinstance(block, ToolResultBlock):
             text = _plain_text(block.content, images, f"{where}.{j}.content")
             is_error = block.is_error is True

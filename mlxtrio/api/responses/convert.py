@@ -14,7 +14,6 @@ from typing import Any
 
 from ... import jsontext
 from ...chat.conversation import (
-    IMAGE_PLACEHOLDER,
     Message,
     OutputFormat,
     ToolCall,
@@ -22,7 +21,7 @@ from ...chat.conversation import (
     ToolSpec,
 )
 from ...chat.errors import ConversationError
-from ...chat.images import ImageInput, from_data_url, image_error
+from ...chat.images import ImageInput, from_data_url, image_error, image_marker
 from ...grammar.custom_tools import freeform_tool
 from .items import (
     CompactionItem,
@@ -134,8 +133,9 @@ def _text_of(
     parts = []
     for j, part in enumerate(content):
         if isinstance(part, ImagePart):
-            images.append(_image(part, role, f"{where}.{j}"))
-            parts.append(IMAGE_PLACEHOLDER)
+            image = _image(part, role, f"{where}.{j}")
+            images.append(image)
+            parts.append(image_marker(image))
         elif isinstance(part, RefusalPart):
             parts.append(part.refusal)
         else:

@@ -58,7 +58,10 @@ def blockable(cache: list[Any]) -> bool:
     """Whether ``cache`` can be cut into blocks: every layer a filled ``KVCache``."""
     from mlx_lm.models.cache import KVCache
 
-    return bool(cache) and all(type(c) is KVCache and c.keys is not None for c in cache)
+    return bool(cache) and all(
+        (type(c) is KVCache or getattr(type(c), "PLAIN_KV", False)) and c.keys is not None
+        for c in cache
+    )
 
 
 class KVStore:
