@@ -25,7 +25,7 @@ from mlxtrio.engine.handle import EngineError
 from mlxtrio.engine.image_tokens import KEY_BASE, VisionPrompt, key_tokens
 from mlxtrio.engine.types import SamplingParams
 
-from .conftest import Server, ServerFactory
+from .conftest import Server, ServerFactory, wait_until
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("mlx_vlm") is None, reason="needs the vision extra (mlx-vlm)"
@@ -710,3 +710,52 @@ def test_recurrent_layers_are_not_taken_into_the_vision_batch() -> None:
     )
     with pytest.raises(ValueError, match="ArraysCache"):
         VisionTextModel(arch.Model(config), None).make_cache()
+
+
+async def test_the_model_reads_a_picture_with_a_tool_and_sees_it(
+    server_factory: ServerFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent loop Claude Code runs: the model calls Read, the client
+    answers with the picture inside the tool result, the model goes on."""
+    from .scripted_vision import SEEN, build_scripted_vlm
+
+    caplog.set_level(logging.INFO, logger="mlxtrio.access")
+    model = build_scripted_vlm(tmp_path / "scripted-vlm", "/work/shot.png")
+    server = await server_factory(model=str(model), model_name="vlm")
+    tools = [
+        {
+            "name": "Read",
+            "description": "Read a file",
+            "input_schema": {
+                "type": "object",
+                "properties": {"file_path": {"type": "string"}},
+                "required": ["file_path"],
+            },
+        }
+    ]
+    claude = server.anthropic()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is in /work/shot.png?"}]
+    first = await claude.messages.create(model="vlm", max_tokens=64, tools=tools, messages=messages)  # type: ignore[arg-type]
+    (call,) = [b for b in first.content if b.type == "tool_use"]
+    assert call.name == "Read" and call.input == {"file_path": "/work/shot.png"}
+    messages += [
+        {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": call.id,
+                    "content": [image_block(picture(50))],
+                }
+            ],
+        },
+    ]
+    second = await claude.messages.create(
+        model="vlm", max_tokens=64, tools=tools, messages=messages
+    )  # type: ignore[arg-type]
+    assert second.content[0].text == "".join(SEEN)  # type: ignore[union-attr]
+    assert second.stop_reason == "end_turn"
+    await wait_until(lambda: len(access_lines(caplog)) >= 2, what="both access lines")
+    lines = access_lines(caplog)
+    assert "images" not in lines[0] and "images=1 " in lines[1], lines
