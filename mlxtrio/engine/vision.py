@@ -5,13 +5,15 @@ A VLM serves on the same engine thread, admission lane, batch, safepoints and
 prefix cache as a text model. What differs is only how a prompt's images get
 into its KV cache:
 
-* :class:`VisionPrefill` runs before the sequence joins the batch, one unit per
-  safepoint: a slice of text (sized by the prefill pacer) or one image (its
-  vision tower, then the language model over its run of tokens, through
-  mlx-vlm's ``get_input_embeddings``). Running streams step between two units,
-  so an image's encode holds them for one unit at most, and a hang-up stops the
-  sequence at the next one. Images the prefix cache already holds are not
-  encoded again: the prefill starts where the cached prefix ends.
+* :class:`VisionPrefill` runs before the sequence joins the batch, unit by
+  unit: a slice of text (sized by the prefill pacer) or one image (its vision
+  tower, then the language model over its run of tokens, through mlx-vlm's
+  ``get_input_embeddings``). A unit's graph is built lazily and evaluated one
+  recorded layer at a time (:func:`record_layers`), as much per engine step as
+  the step's prefill budget allows, so running streams wait about one layer
+  for their next token and a hang-up stops the sequence at the next step.
+  Images the prefix cache already holds are not encoded again: the prefill
+  starts where the cached prefix ends.
 * From the end of the last image on, the prompt is text: the sequence joins
   the ``BatchGenerator`` with its cache, like any prefix-cache hit.
 * Qwen-VL's multimodal RoPE (M-RoPE) gives an image's tokens 3-D positions that
@@ -52,7 +54,7 @@ log = logging.getLogger("mlxtrio.engine")
 INSTALL_HINT = "pip install 'mlxtrio[vision]'"
 # Language models that cannot take image features as input embeddings in a
 # text batch (cross-attention or an encoder-decoder).
-_NOT_BATCHABLE = {"mllama", "florence2", "paligemma"}
+_NOT_BATCHABLE = {"mllama", "florence2"}
 
 
 def is_vision_checkpoint(config: dict[str, Any]) -> bool:
