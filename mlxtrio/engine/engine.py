@@ -252,7 +252,9 @@ class Engine:
             match.extent, match.length = match.extent or match.length, cut.start
             return match
         self.cache.release(match)
-        return await self.cache.lookup(self.loaded, key, prompt[: cut.start])
+        # One token past the start: a lookup leaves its last token to the model,
+        # so this matches up to the image start, a snapshot there included.
+        return await self.cache.lookup(self.loaded, key, prompt[: cut.start + 1])
 
     def release(self, match: Match | None) -> None:
         """Unpin a match from :meth:`lookup`; idempotent."""
