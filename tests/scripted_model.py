@@ -240,13 +240,13 @@ def _steps(script: Script, ids: dict[str, int]) -> list[tuple[int, int, float]]:
     return steps
 
 
-def _write_weights(out: Path, config: dict[str, Any], steps: list[tuple[int, int, float]]) -> None:
-    """A 1-layer qwen3 whose output layer holds the bigram table."""
+def bigram_tables(
+    steps: list[tuple[int, int, float]], vocab_size: int, hidden: int
+) -> tuple[Any, Any]:
+    """The embedding and output rows of the bigram table: each source token
+    its own direction, each step's target row pointing at its source's."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.models import qwen3
 
-    hidden, vocab_size = config["hidden_size"], config["vocab_size"]
     sources = sorted({a for a, _, _ in steps})
     assert len(sources) <= hidden
     direction = {token: i for i, token in enumerate(sources)}
@@ -256,7 +256,16 @@ def _write_weights(out: Path, config: dict[str, Any], steps: list[tuple[int, int
     head[mx.array([b for _, b, _ in steps]), mx.array([direction[a] for a, _, _ in steps])] = (
         mx.array([w for _, _, w in steps])
     )
+    return embed, head
 
+
+def _write_weights(out: Path, config: dict[str, Any], steps: list[tuple[int, int, float]]) -> None:
+    """A 1-layer qwen3 whose output layer holds the bigram table."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen3
+
+    embed, head = bigram_tables(steps, config["vocab_size"], config["hidden_size"])
     model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
     weights = dict(tree_flatten(model.parameters()))
     weights["model.embed_tokens.weight"] = embed

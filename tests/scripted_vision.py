@@ -67,7 +67,7 @@ def build_scripted_vlm(out: Path, path: str = "/tmp/shot.png") -> Path:
     import mlx.core as mx
     from tokenizers import AddedToken, Tokenizer
 
-    from .scripted_model import FIRST_CHOICE, Script, _steps
+    from .scripted_model import FIRST_CHOICE, Script, _steps, bigram_tables
 
     spec = importlib.util.spec_from_file_location("builder", ROOT / "tools/build_tiny_vlm.py")
     assert spec is not None and spec.loader is not None
@@ -96,14 +96,7 @@ def build_scripted_vlm(out: Path, path: str = "/tmp/shot.png") -> Path:
     vocab, hidden = model_config["vocab_size"], model_config["hidden_size"]
     assert max(ids.values()) < vocab, "the scripted pieces do not fit the vocabulary"
     steps = _steps(script, ids)
-    sources = sorted({a for a, _, _ in steps})
-    direction = {token: i for i, token in enumerate(sources)}
-    embed = mx.zeros((vocab, hidden))
-    embed[mx.array(sources), mx.array([direction[a] for a in sources])] = 1.0
-    head = mx.zeros((vocab, hidden))
-    head[mx.array([b for _, b, _ in steps]), mx.array([direction[a] for a, _, _ in steps])] = (
-        mx.array([w for _, _, w in steps])
-    )
+    embed, head = bigram_tables(steps, vocab, hidden)
     assert all(w == FIRST_CHOICE for _, _, w in steps)
     weights = dict(mx.load(str(out / "model.safetensors")).items())
     weights["language_model.model.embed_tokens.weight"] = embed

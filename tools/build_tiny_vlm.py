@@ -86,6 +86,21 @@ def save(out: Path, config: dict, dtype: str, seed: int, drop: tuple[str, ...] =
     )
 
 
+def write_preprocessor(out: Path, mean: list[float], std: list[float], **fields: object) -> None:
+    """The image processor's config: ``fields`` and the usual RGB rescale and
+    normalization by ``mean`` and ``std``."""
+    pre = {
+        **fields,
+        "image_mean": mean,
+        "image_std": std,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+    }
+    (out / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
+
+
 def start_qwen(out: Path) -> dict[str, int]:
     """A Qwen-VL checkpoint's directory, tokenizer and chat template; the
     vision tokens' ids."""
@@ -158,22 +173,18 @@ def build_qwen2_5_vl(
     }
     config.update(text or {})
     save(out, config, dtype, seed)
-    pre = {
-        "image_processor_type": "Qwen2VLImageProcessor",
-        "processor_class": "Qwen2_5_VLProcessor",
-        "patch_size": 14,
-        "temporal_patch_size": 2,
-        "merge_size": 2,
-        "min_pixels": 56 * 56,
-        "max_pixels": max_pixels,
-        "image_mean": CLIP_MEAN,
-        "image_std": CLIP_STD,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "do_convert_rgb": True,
-    }
-    (out / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
+    write_preprocessor(
+        out,
+        CLIP_MEAN,
+        CLIP_STD,
+        image_processor_type="Qwen2VLImageProcessor",
+        processor_class="Qwen2_5_VLProcessor",
+        patch_size=14,
+        temporal_patch_size=2,
+        merge_size=2,
+        min_pixels=56 * 56,
+        max_pixels=max_pixels,
+    )
 
 
 def build_qwen3_vl(out: Path, dtype: str, seed: int) -> None:
@@ -225,21 +236,17 @@ def build_qwen3_vl(out: Path, dtype: str, seed: int) -> None:
         },
     }
     save(out, config, dtype, seed)
-    pre = {
-        "image_processor_type": "Qwen2VLImageProcessorFast",
-        "processor_class": "Qwen3VLProcessor",
-        "patch_size": 16,
-        "temporal_patch_size": 2,
-        "merge_size": 2,
-        "size": {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64},
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "do_convert_rgb": True,
-    }
-    (out / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
+    write_preprocessor(
+        out,
+        [0.5, 0.5, 0.5],
+        [0.5, 0.5, 0.5],
+        image_processor_type="Qwen2VLImageProcessorFast",
+        processor_class="Qwen3VLProcessor",
+        patch_size=16,
+        temporal_patch_size=2,
+        merge_size=2,
+        size={"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64},
+    )
 
 
 def build_gemma3(out: Path, dtype: str, seed: int) -> None:
@@ -304,21 +311,17 @@ def build_gemma3(out: Path, dtype: str, seed: int) -> None:
     }
     # Gemma 3 ties its output layer to the embeddings: no lm_head in the file.
     save(out, config, dtype, seed, drop=("language_model.lm_head.weight",))
-    pre = {
-        "image_processor_type": "Gemma3ImageProcessor",
-        "processor_class": "Gemma3Processor",
-        "size": {"height": 56, "width": 56},
-        "do_resize": True,
-        "resample": 2,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
-        "do_convert_rgb": True,
-        "do_pan_and_scan": False,
-    }
-    (out / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
+    write_preprocessor(
+        out,
+        [0.5, 0.5, 0.5],
+        [0.5, 0.5, 0.5],
+        image_processor_type="Gemma3ImageProcessor",
+        processor_class="Gemma3Processor",
+        size={"height": 56, "width": 56},
+        do_resize=True,
+        resample=2,
+        do_pan_and_scan=False,
+    )
     (out / "processor_config.json").write_text(
         json.dumps({"processor_class": "Gemma3Processor", "image_seq_length": mm_tokens}, indent=2)
     )

@@ -286,8 +286,10 @@ class Engine:
             raise EngineUnavailable(f"model {self.name!r} is {self.state.value}")
         if not prompt:
             raise EngineError("empty prompt")
-        if vision is None and max(prompt) >= KEY_BASE:
-            # Key tokens name images in the prefix cache; no model has them.
+        sees = self.loaded is not None and self.loaded.images is not None
+        if sees and vision is None and max(prompt) >= KEY_BASE:
+            # Key tokens name images in the prefix cache (only a model that
+            # sees images is given them); no model has them.
             raise EngineError("a prompt with images' key tokens came without its images")
         handle = GenerationHandle(
             prompt, sampling, self._request_cancel, (self.name, domain), match

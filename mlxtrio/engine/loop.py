@@ -34,16 +34,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .batch import drop_queued, hand_over_queue, new_generator
 from .cache.snapshots import KVTiers, Snapshots
 from .commands import Cancel, Command, Drop, ForgetDisk, Share, Shutdown, Submit
 from .handle import GenerationHandle
 from .memory import release_buffers
 from .model import LoadedModel
-from .pacing import SOLO_FACTOR, PrefillPacer
+from .pacing import PrefillPacer
 from .processors.assembly import ProcessorFactory
 from .processors.sampling import normalized, sampler_for
 from .schedule import Schedule
 from .sequence import LiveSequence, SequenceGuard, finish_stats
+from .staging import STAGED, Join, Staged, advance_for_a_step
 from .types import (
     EngineStats,
     Entry,
@@ -193,7 +195,7 @@ class EngineLoop:
         seq = LiveSequence(
             handle, STAGED, tokenizer.detokenizer, time.perf_counter(), stats, guard, generated
         )
-        join = _Join(params, stops, sampler_for(params), guard, reused)
+        join = Join(params, stops, sampler_for(params), guard, reused)
         model = loaded.model
         if isinstance(model, VisionTextModel) and (handle.vision is not None or model.mrope):
             prefill = VisionPrefill.start(model, handle.prompt, handle.vision, cache, reused)
@@ -206,7 +208,7 @@ class EngineLoop:
         self._join(seq, join, cache, reused)
         self.stats.submitted += 1
 
-    def _join(self, seq: LiveSequence, join: _Join, cache: Any, at: int) -> None:
+    def _join(self, seq: LiveSequence, join: Join, cache: Any, at: int) -> None:
         """Insert ``seq`` into the batch, its first ``at`` prompt tokens in ``cache``."""
         handle = seq.handle
         boundaries = self.snapshots.boundaries(handle, at)
@@ -230,24 +232,12 @@ class EngineLoop:
         self.by_handle[handle] = seq
 
     def _stage(self) -> None:
-        """The first staged sequence's vision prefill, for one engine step's
-        time: layer by layer (an image's tower, then the language model over
-        its tokens; text between images in paced slices), so running streams
-        wait about one step for their next token. It joins the batch once its
-        last image is in."""
+        """One engine step's time of the first staged sequence's vision
+        prefill (see .staging); it joins the batch once its last image is in."""
         handle, staged = next(iter(self.staged.items()))
-        seq, prefill = staged.seq, staged.prefill
-        now = time.perf_counter()
-        if seq.prefill_started_at is None:
-            seq.prefill_started_at = now
-            seq.stats.queue_seconds = now - seq.submitted_at
-        budget = self.pacer.budget * (1 if self.live else SOLO_FACTOR)
-        chunk = self.pacer.chunk(prefill.position, 1, bool(self.live))
+        prefill = staged.prefill
         try:
-            while not prefill.done:
-                seq.stats.prefilled_tokens += prefill.advance(chunk)
-                if time.perf_counter() - now >= budget:
-                    break
+            advance_for_a_step(staged, self.pacer, bool(self.live))
         except Exception as exc:
             if self.strict:
                 raise
@@ -256,12 +246,11 @@ class EngineLoop:
             self.by_handle.pop(handle, None)
             self.outbox.deliver([(handle, _error(f"could not encode the images: {exc}"))])
             return
-        handle.prefilled = prefill.position
         if not prefill.done:
             return
         del self.staged[handle]
         try:
-            self._join(seq, staged.join, prefill.batch_cache(), prefill.position)
+            self._join(staged.seq, staged.join, prefill.batch_cache(), prefill.position)
         except Exception as exc:
             if self.strict:
                 raise
@@ -273,11 +262,7 @@ class EngineLoop:
         """End a sequence cancelled during its vision prefill; what it encoded
         is kept when no unit was half done, so a retry starts after it."""
         seq, prefill = staged.seq, staged.prefill
-        if (
-            self.settings.cache_enabled
-            and prefill.settled
-            and prefill.position > staged.join.reused
-        ):
+        if self.settings.cache_enabled and staged.keepable():
             try:
                 tokens = seq.handle.prompt[: prefill.position]
                 self.snapshots.keep(seq.handle.cache_key, prefill.cache, tokens)
@@ -365,10 +350,7 @@ class EngineLoop:
         if self.strict:
             raise exc
         old = self.gen
-        old._unprocessed_sequences = type(old._unprocessed_sequences)(
-            item for item in old._unprocessed_sequences if item[0] != dropping
-        )
-        waiting = {item[0] for item in old._unprocessed_sequences}
+        waiting = drop_queued(old, dropping)
         failed = [seq for uid, seq in self.live.items() if uid not in waiting]
         log.exception(
             "engine step failed; ending the %d sequence(s) in it and rebuilding the batch",
@@ -376,12 +358,7 @@ class EngineLoop:
             exc_info=exc,
         )
         self.gen = self._new_generator()
-        # mlx-lm has no public way to move queued work between generators; the
-        # queue holds plain tuples keyed by uid, so hand it over with the uid
-        # counter that keeps the uids unique.
-        self.gen._unprocessed_sequences = old._unprocessed_sequences
-        self.gen._uid_count = old._uid_count
-        old.close()
+        hand_over_queue(old, self.gen)
         deliveries = [(seq.handle, _error(f"generation failed: {exc}")) for seq in failed]
         for seq in failed:
             self._forget(seq)
@@ -414,20 +391,8 @@ class EngineLoop:
             self._recover(exc, dropping=seq.uid)
 
     def _new_generator(self) -> Any:
-        from mlx_lm.generate import BatchGenerator
-
         s = self.settings
-        return BatchGenerator(
-            self.loaded.model,
-            max_tokens=s.default_max_tokens,
-            stop_tokens=[[t] for t in self.loaded.tokenizer.eos_token_ids],
-            completion_batch_size=s.capacity,
-            prefill_batch_size=s.capacity,
-            # The model-call width inside a step: the cap. _plan sets how many
-            # tokens each step takes (mlx-lm copies this value into its prompt
-            # batch once, at construction, so it must not be the paced size).
-            prefill_step_size=s.max_prefill_chunk,
-        )
+        return new_generator(self.loaded, s.capacity, s.default_max_tokens, s.max_prefill_chunk)
 
     def _forget(self, seq: LiveSequence) -> None:
         self.live.pop(seq.uid, None)
@@ -497,29 +462,6 @@ class EngineLoop:
         self.stats.finished += 1
         finish_stats(seq, now)
         return GenerationEvent((r.token,), detok.last_segment, r.finish_reason, stats)
-
-
-STAGED = -1  # the uid of a sequence not in the batch yet
-
-
-@dataclass
-class _Join:
-    """What a sequence joins the batch with."""
-
-    params: Any
-    stops: Any
-    sampler: Any
-    guard: SequenceGuard | None
-    reused: int  # prompt tokens its cached prefix held
-
-
-@dataclass
-class Staged:
-    """A sequence in its vision prefill."""
-
-    seq: LiveSequence
-    join: _Join
-    prefill: VisionPrefill
 
 
 def _final(reason: str, stats: GenerationStats) -> GenerationEvent:

@@ -1,0 +1,44 @@
+"""mlx-lm's ``BatchGenerator`` as the loop builds and rebuilds it (engine thread)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .model import LoadedModel
+
+
+def new_generator(
+    loaded: LoadedModel, capacity: int, default_max_tokens: int, max_prefill_chunk: int
+) -> Any:
+    from mlx_lm.generate import BatchGenerator
+
+    return BatchGenerator(
+        loaded.model,
+        max_tokens=default_max_tokens,
+        stop_tokens=[[t] for t in loaded.tokenizer.eos_token_ids],
+        completion_batch_size=capacity,
+        prefill_batch_size=capacity,
+        # The model-call width inside a step: the cap. The loop sets how many
+        # tokens each step takes (mlx-lm copies this value into its prompt
+        # batch once, at construction, so it must not be the paced size).
+        prefill_step_size=max_prefill_chunk,
+    )
+
+
+def drop_queued(gen: Any, uid: int | None) -> set[int]:
+    """Take ``uid`` out of ``gen``'s queue of sequences not yet prefilled;
+    the uids still queued."""
+    gen._unprocessed_sequences = type(gen._unprocessed_sequences)(
+        item for item in gen._unprocessed_sequences if item[0] != uid
+    )
+    return {item[0] for item in gen._unprocessed_sequences}
+
+
+def hand_over_queue(old: Any, new: Any) -> None:
+    """Move ``old``'s queued sequences to ``new`` and close ``old``. mlx-lm has
+    no public way to move queued work between generators; the queue holds
+    plain tuples keyed by uid, so it goes over with the uid counter that keeps
+    the uids unique."""
+    new._unprocessed_sequences = old._unprocessed_sequences
+    new._uid_count = old._uid_count
+    old.close()
