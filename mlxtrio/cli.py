@@ -45,6 +45,7 @@ HELP = {
     "compute_dtype": "auto (float32 on a CPU with a fast BLAS), model, float32, bfloat16, float16",
     "shutdown_grace": "seconds in-flight generations get at shutdown",
     "sharding": "across ranks (mlx.launch): auto, tensor or pipeline",
+    "speculation": "speculative decoding: auto (where it measures faster), on, off",
     "rank_timeout": "seconds a rank may leave a lock-step round unanswered before the server exits",
     "database_url": "response store URL, or none",
 }

@@ -35,6 +35,18 @@ _LIVE: list[tuple[str, str, str, Callable[[Any, Any], float]]] = [
         lambda e, lane: e.stats.generated_tokens,
     ),
     (
+        "mlxtrio_speculation_draft_tokens",
+        "Tokens drafted for speculative decoding (sequences that ended)",
+        "counter",
+        lambda e, lane: e.stats.draft_tokens,
+    ),
+    (
+        "mlxtrio_speculation_accepted_tokens",
+        "Drafted tokens the model agreed with (generated without a step of their own)",
+        "counter",
+        lambda e, lane: e.stats.accepted_tokens,
+    ),
+    (
         "mlxtrio_prompt_tokens",
         "Prompt tokens of started sequences",
         "counter",

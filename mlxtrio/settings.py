@@ -20,6 +20,7 @@ EMBEDDED_MODEL_PATH = Path(__file__).parent / "assets" / "tiny-chat"
 ENV_PREFIX = "MLXTRIO_"
 COMPUTE_DTYPES = ("auto", "model", "float32", "bfloat16", "float16")
 SHARDINGS = ("auto", "tensor", "pipeline")
+SPECULATION_MODES = ("auto", "on", "off")
 
 
 def physical_memory() -> int:
@@ -101,6 +102,10 @@ class Settings:
     # before the world is given up and the server exits.
     sharding: str = "auto"
     rank_timeout: float = 60.0
+    # Speculative decoding (drafts from the conversation itself, verified
+    # several tokens per step): auto = where it measures faster on this
+    # machine, on = whenever there is a draft (benchmarks), off.
+    speculation: str = "auto"
 
     # Images in requests (checked before anything else; 400 naming the block):
     # decoded bytes, pixels on a side, total pixels (decompression bombs), and
@@ -214,6 +219,11 @@ class Settings:
             raise SettingsError(
                 f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)} "
                 f"(got {self.compute_dtype!r})"
+            )
+        if self.speculation not in SPECULATION_MODES:
+            raise SettingsError(
+                f"speculation must be one of {', '.join(SPECULATION_MODES)} "
+                f"(got {self.speculation!r})"
             )
         if self.sharding not in SHARDINGS:
             raise SettingsError(

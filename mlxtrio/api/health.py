@@ -56,11 +56,28 @@ def _model(resident: Resident) -> dict[str, Any]:
             "queued_requests": resident.lane.waiting,
             "capacity": resident.lane.capacity,
             "steps": engine.stats.steps,
+            "speculation": _speculation(engine.stats),
         }
     )
     if loaded is None and progress.total_bytes:
         entry["load"] = {"read_bytes": progress.done_bytes, "total_bytes": progress.total_bytes}
     return entry
+
+
+def _speculation(stats: Any) -> dict[str, Any]:
+    """The mode in force (with why it is off, when it cannot be on), the
+    acceptance rate of the drafts so far, and the decode rates measured per
+    batch width with and without drafts (what ``auto`` decides from)."""
+    mode, _, reason = stats.speculation.partition(": ")
+    out: dict[str, Any] = {"mode": mode, "reason": reason or None}
+    # Accepted first: the engine thread adds to both, drafts first.
+    accepted, drafted = stats.accepted_tokens, stats.draft_tokens
+    out["draft_tokens"], out["accepted_tokens"] = drafted, accepted
+    out["acceptance_rate"] = round(accepted / drafted, 3) if drafted else None
+    switch = stats.speculation_switch
+    if switch is not None and mode != "off":
+        out["batch_widths"] = switch.describe()
+    return out
 
 
 @blueprint.route("/", methods=["GET", "HEAD"])

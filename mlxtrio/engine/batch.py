@@ -5,14 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 from .model import LoadedModel
+from .speculation.verify import Speculation, speculative_batch
 
 
 def new_generator(
-    loaded: LoadedModel, capacity: int, default_max_tokens: int, max_prefill_chunk: int
+    loaded: LoadedModel,
+    capacity: int,
+    default_max_tokens: int,
+    max_prefill_chunk: int,
+    speculation: Speculation | None = None,
 ) -> Any:
+    """A ``BatchGenerator`` for ``loaded``; its decode steps verify drafts
+    when ``speculation`` is given (see .speculation)."""
     from mlx_lm.generate import BatchGenerator
 
-    return BatchGenerator(
+    gen = BatchGenerator(
         loaded.model,
         max_tokens=default_max_tokens,
         stop_tokens=[[t] for t in loaded.tokenizer.eos_token_ids],
@@ -23,6 +30,12 @@ def new_generator(
         # batch once, at construction, so it must not be the paced size).
         prefill_step_size=max_prefill_chunk,
     )
+    if speculation is not None:
+        # Sequences move from prompt processing into this one batch (mlx-lm
+        # extends it, never replaces it), so swapping the empty batch at
+        # construction puts every decode step through the speculative one.
+        gen._generation_batch = speculative_batch(loaded.model, gen.sampler, speculation)
+    return gen
 
 
 def drop_queued(gen: Any, uid: int | None) -> set[int]:

@@ -29,6 +29,7 @@ class EngineConfig:
     sharding: str = "auto"
     rank_timeout: float = 60.0
     shutdown_grace: float = 5.0
+    speculation: str = "off"  # auto, on, off (see .speculation.policy)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineConfig:
@@ -45,4 +46,5 @@ class EngineConfig:
             sharding=settings.sharding,
             rank_timeout=settings.rank_timeout,
             shutdown_grace=settings.shutdown_grace,
+            speculation=settings.speculation,
         )

@@ -89,6 +89,7 @@ class Engine:
             prefill_step_seconds=config.prefill_step_seconds,
             default_max_tokens=config.default_max_tokens,
             cache_enabled=config.prefix_cache_bytes > 0,
+            speculation=config.speculation,
         )
         self.state = EngineState.LOADING
         self.error: str | None = None

@@ -45,6 +45,9 @@ from .processors.assembly import ProcessorFactory
 from .processors.sampling import normalized, sampler_for
 from .schedule import Schedule
 from .sequence import LiveSequence, SequenceGuard, finish_stats
+from .speculation.policy import Switch
+from .speculation.rollback import model_rolls_back
+from .speculation.verify import Speculation
 from .staging import STAGED, Join, Staged, advance_for_a_step
 from .types import (
     EngineStats,
@@ -77,6 +80,7 @@ class LoopSettings:
     prefill_step_seconds: float
     default_max_tokens: int
     cache_enabled: bool
+    speculation: str = "off"  # auto, on, off (see .speculation.policy)
 
 
 @dataclass
@@ -103,6 +107,7 @@ class EngineLoop:
         self.pacer = PrefillPacer(
             self.settings.prefill_step_seconds, self.settings.max_prefill_chunk
         )
+        self.speculation = self._speculation()
         self.gen = self._new_generator()
         self.snapshots = Snapshots(
             self.loaded,
@@ -296,6 +301,7 @@ class EngineLoop:
             self.live.pop(seq.uid, None)
             self._recover(exc, dropping=seq.uid)
         self.live.pop(seq.uid, None)
+        self._take_counts(seq)
         self.stats.cancelled += 1
         if handle.cancel_requested_at_step is not None:
             latency = self.stats.steps - handle.cancel_requested_at_step
@@ -392,11 +398,54 @@ class EngineLoop:
 
     def _new_generator(self) -> Any:
         s = self.settings
-        return new_generator(self.loaded, s.capacity, s.default_max_tokens, s.max_prefill_chunk)
+        return new_generator(
+            self.loaded, s.capacity, s.default_max_tokens, s.max_prefill_chunk, self.speculation
+        )
+
+    def _speculation(self) -> Speculation | None:
+        """Speculative decoding for this model, unless it is off or cannot be
+        exact here (the reason goes to the log and /health)."""
+        mode = self.settings.speculation
+        self.stats.speculation = mode
+        if mode == "off":
+            return None
+        reason = None
+        if self.strict:
+            reason = "not across ranks yet: every rank would have to verify the same drafts"
+        elif isinstance(self.loaded.model, VisionTextModel):
+            reason = "not for vision models yet (their M-RoPE cache)"
+        elif not model_rolls_back(self.loaded.model):
+            reason = "the model's KV cache cannot roll back one row (rotating or recurrent layers)"
+        if reason is not None:
+            log.info("speculative decoding off: %s", reason)
+            self.stats.speculation = f"off: {reason}"
+            return None
+        switch = self.stats.speculation_switch
+        if not isinstance(switch, Switch) or switch.mode != mode:
+            switch = self.stats.speculation_switch = Switch(mode)
+        return Speculation(switch, self._may_draft)
+
+    def _may_draft(self, uid: int) -> bool:
+        """Sequences no seed fixes whose processors take part (see
+        .speculation.verify)."""
+        seq = self.live.get(uid)
+        if seq is None or seq.handle.sampling.seed is not None:
+            return False
+        return seq.guard is None or seq.guard.can_draft
 
     def _forget(self, seq: LiveSequence) -> None:
         self.live.pop(seq.uid, None)
         self.by_handle.pop(seq.handle, None)
+        self._take_counts(seq)
+
+    def _take_counts(self, seq: LiveSequence) -> None:
+        """Move an ending sequence's draft counts into its stats and the totals."""
+        if self.speculation is None:
+            return
+        counts = self.speculation.take(seq.uid)
+        seq.stats.draft_tokens, seq.stats.accepted_tokens = counts.drafted, counts.accepted
+        self.stats.draft_tokens += counts.drafted
+        self.stats.accepted_tokens += counts.accepted
 
     def _end_all(self, event_for: Callable[[LiveSequence], GenerationEvent]) -> None:
         ending = [*self.live.values(), *(staged.seq for staged in self.staged.values())]
@@ -425,7 +474,8 @@ class EngineLoop:
                 self.snapshots.keep_live(self.gen, seq)
             if r.end_of_prompt:
                 seq.prefill_done_at = now
-        self.stats.max_batch_size = max(self.stats.max_batch_size, len(gen_responses))
+        rows = len({r.uid for r in gen_responses})  # a row may emit several tokens
+        self.stats.max_batch_size = max(self.stats.max_batch_size, rows)
         deliveries = []
         for r in gen_responses:
             seq = self.live.get(r.uid)

@@ -6,12 +6,15 @@ Engine thread only.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .handle import GenerationHandle
 from .types import GenerationStats
+
+log = logging.getLogger("mlxtrio.engine")
 
 
 class SequenceGuard:
@@ -23,6 +26,46 @@ class SequenceGuard:
     def __init__(self, processors: list[Callable[[Any, Any], Any]]) -> None:
         self.processors = processors
         self.error: BaseException | None = None
+
+    @property
+    def can_draft(self) -> bool:
+        """Whether every processor takes part in speculative decoding (the
+        penalties do not: they steer every position)."""
+        return all(hasattr(p, "plan_draft") for p in self.processors)
+
+    def plan_draft(self, tokens: list[int]) -> int:
+        """How many draft positions the processors can verify in one forward
+        pass. ``tokens`` are the pending token (sampled under the processors,
+        not yet taken in), then the draft; position *j* is the logits after
+        ``tokens[j]``. Each processor prepares what it does to those
+        positions (:meth:`draft_logits`: a fixed mask, a grammar's masks, or
+        nothing); 0 when one failed, or cannot say (it would steer by what
+        the draft itself decides, such as a trigger token)."""
+        if self.error is not None or not self.can_draft:
+            return 0
+        try:
+            return min((p.plan_draft(tokens) for p in self.processors), default=len(tokens) - 1)
+        except Exception:  # a draft is an option: without one the step is plain
+            log.debug("a logits processor could not plan a draft", exc_info=True)
+            return 0
+
+    def draft_logits(self, logits: Any) -> Any:
+        """The draft positions' ``logits`` (one row each, from position 1) as
+        the processors planned them."""
+        if self.error is not None:
+            return logits
+        try:
+            for processor in self.processors:
+                logits = processor.draft_logits(logits)
+            return logits
+        except Exception as exc:
+            self.error = exc
+            return logits
+
+    def skip(self, count: int) -> None:
+        """``count`` accepted draft tokens were generated without a call."""
+        for processor in self.processors:
+            processor.skip(count)
 
     def __call__(self, context: Any, logits: Any) -> Any:
         if self.error is not None:

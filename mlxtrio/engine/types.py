@@ -85,6 +85,10 @@ class GenerationStats:
     # Prompt tokens actually run through the model (prompt - cached, or fewer
     # when cancelled during prefill).
     prefilled_tokens: int = 0
+    # Speculative decoding: tokens drafted, and how many of them the model
+    # agreed with (each one a token generated without a step of its own).
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,13 @@ class EngineStats:
     cancel_latency_steps: list[int] = field(default_factory=list)
     # What the most recently cancelled sequence had done when it was removed.
     last_cancelled: GenerationStats | None = None
+    # Speculative decoding: the mode in force ("auto", "on", or "off" with why),
+    # its switch (measured rates, see .speculation.policy), and the totals of
+    # the sequences that ended.
+    speculation: str = "off"
+    speculation_switch: Any = None
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 # -- prefix-cache entries and matches (see .cache.prefix_index) --------------

@@ -32,6 +32,8 @@ class AccessRecord:
     cache_miss: str | None = None  # why less was reused than the session offered
     images: str | None = None  # "3:placeholder": three images a text-only model saw as text
     generated_tokens: int | None = None
+    draft_tokens: int | None = None  # speculative decoding: drafted, and accepted of them
+    accepted_tokens: int | None = None
     ttft: float | None = None
     finish: str | None = None
 
@@ -46,6 +48,8 @@ class AccessRecord:
             ("miss", self.cache_miss),
             ("images", self.images),
             ("generated", self.generated_tokens),
+            ("draft", self.draft_tokens or None),
+            ("accepted", self.accepted_tokens if self.draft_tokens else None),
             ("ttft", None if self.ttft is None else f"{self.ttft:.2f}s"),
             ("duration", f"{time.perf_counter() - self.started:.2f}s"),
             ("finish", self.finish),

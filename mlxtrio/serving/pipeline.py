@@ -360,4 +360,5 @@ def _account(engine: Engine, result: TurnResult) -> None:
         services().metrics.ttft.labels(engine.name).observe(stats.time_to_first_token)
     record = access_record()
     record.cached_tokens, record.generated_tokens = stats.cached_tokens, stats.generated_tokens
+    record.draft_tokens, record.accepted_tokens = stats.draft_tokens, stats.accepted_tokens
     record.ttft, record.finish = stats.time_to_first_token, result.finish_reason

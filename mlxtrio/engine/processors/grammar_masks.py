@@ -23,7 +23,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from .steps import Steps
+from .steps import Steps, quiet_until_trigger
 
 log = logging.getLogger("mlxtrio.engine")
 
@@ -76,6 +76,7 @@ class GrammarProcessor:
         self._matcher: Any = grammar.deep_copy() if after is None else None
         self._done = False
         self._first_mask: mx.array | None = None  # allowed right after the trigger
+        self._draft_masks: list[np.ndarray] = []  # packed, for the draft's positions
 
     def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
         known, pending = self._steps.advance(context)
@@ -106,6 +107,56 @@ class GrammarProcessor:
             return logits
         return mx.where(mask, logits, -mx.inf)
 
+    # -- speculative decoding (see mlxtrio.engine.sequence.SequenceGuard) --
+
+    def plan_draft(self, tokens: list[int]) -> int:
+        """Draft positions this grammar can verify: before its trigger while
+        it waits for one; while it steers, as far as the draft keeps to it,
+        with the mask of each position worked out ahead (the matcher takes in
+        the tokens it has not yet, the pending one and the draft, then gives
+        them back)."""
+        self._draft_masks = []
+        if self._done:
+            return len(tokens) - 1
+        if self._matcher is None:
+            if self.after is None:
+                return 0
+            return quiet_until_trigger(self._steps.untaken(), tokens, self.after)
+        untaken = self._steps.untaken()
+        if untaken is None:
+            return 0
+        matcher, taken = self._matcher, 0
+        try:
+            for token in [*untaken, tokens[0]]:
+                if not _takes(matcher, token):
+                    return 0
+                taken += 1
+            for token in tokens[1:]:
+                if not _takes(matcher, token):
+                    break
+                taken += 1
+                if matcher.is_stopped():  # the call ends here: its next position is free
+                    break
+                packed = np.frombuffer(matcher.compute_bitmask(), np.uint8)
+                if matcher.is_error() or not packed.any():
+                    break  # where a plain step would give the grammar up
+                self._draft_masks.append(packed)
+        finally:
+            matcher.rollback(taken)
+        return len(self._draft_masks)
+
+    def draft_logits(self, logits: mx.array) -> mx.array:
+        """The draft's positions' logits under the masks :meth:`plan_draft`
+        worked out."""
+        if not self._draft_masks:
+            return logits
+        size = logits.shape[-1]
+        rows = [_unpacked(packed, size) for packed in self._draft_masks[: logits.shape[0]]]
+        return mx.where(mx.array(np.stack(rows)), logits, -mx.inf)
+
+    def skip(self, count: int) -> None:
+        self._steps.skip(count)
+
     def _take(self, token: int) -> None:
         """Advance by one generated token."""
         if self._done:
@@ -126,6 +177,20 @@ class GrammarProcessor:
         error = self._matcher.get_error() if self._matcher is not None else ""
         log.warning("constrained output left its grammar; it goes on free: %s", error)
         self._matcher, self._done = None, True
+
+
+def _takes(matcher: Any, token: int) -> bool:
+    """Let ``matcher`` take ``token`` if its grammar allows it (a refused
+    token never reaches it: that would leave it in error)."""
+    return bool(matcher.validate_tokens([token])) and bool(matcher.consume_token(token))
+
+
+def _unpacked(packed: np.ndarray, size: int) -> np.ndarray:
+    """A packed llguidance bitmask as ``size`` booleans."""
+    allowed = np.unpackbits(packed, bitorder="little").astype(bool)
+    if allowed.size < size:
+        allowed = np.concatenate([allowed, np.zeros(size - allowed.size, dtype=bool)])
+    return allowed[:size]
 
 
 def _allowed_mask(matcher: Any, logits: mx.array) -> mx.array | None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .steps import Steps, only_tokens
+from .steps import Steps, only_tokens, quiet_until_trigger
 
 
 class TokenTexts:
@@ -121,6 +121,25 @@ class OpeningConstraint:
         if not allowed:  # cannot happen after _take; kept for safety
             return logits
         return only_tokens(sorted(allowed), logits)
+
+    # -- speculative decoding (see mlxtrio.engine.sequence.SequenceGuard) --
+
+    def plan_draft(self, tokens: list[int]) -> int:
+        """Draft positions this constraint leaves alone but for its fixed
+        mask (never while it steers, nor past its trigger)."""
+        if self._banned is not None or self._done:
+            return len(tokens) - 1
+        if self._open:
+            return 0
+        return quiet_until_trigger(self._steps.untaken(), tokens, self.after)
+
+    def draft_logits(self, logits: mx.array) -> mx.array:
+        """What it does to the logits of the draft's positions."""
+        return self._without_banned(logits) if self._banned is not None else logits
+
+    def skip(self, count: int) -> None:
+        if self._banned is None:
+            self._steps.skip(count)
 
     def _take(self, token: int) -> None:
         """Advance the state by one generated token."""

@@ -16,6 +16,19 @@ class ReasoningBudget:
         self._steps = Steps(seen)
         self._closed = False
 
+    def plan_draft(self, tokens: list[int]) -> int:
+        """Draft positions before the budget runs out (position *j* is the
+        call after this one's *j*-th)."""
+        if self._closed:
+            return len(tokens) - 1
+        return max(0, min(len(tokens) - 1, self.budget - self._steps.calls - 1))
+
+    def draft_logits(self, logits: mx.array) -> mx.array:
+        return logits
+
+    def skip(self, count: int) -> None:
+        self._steps.skip(count)
+
     def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
         step = self._steps.calls
         known, pending = self._steps.advance(context)

@@ -25,6 +25,19 @@ import mlx.core as mx
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 
+def quiet_until_trigger(untaken: list[int] | None, tokens: list[int], trigger: int | None) -> int:
+    """For a processor that is idle until ``trigger`` is generated: how many
+    draft positions it leaves alone, given the tokens it has not taken in yet
+    (``untaken``) and the next ones (``tokens``: the pending token, then the
+    draft). Position *j* is left alone when no token up to ``tokens[j]`` is the
+    trigger (see :meth:`mlxtrio.engine.sequence.SequenceGuard.plan_draft`)."""
+    if untaken is None or trigger in untaken:
+        return 0
+    if trigger in tokens:
+        return max(tokens.index(trigger) - 1, 0)
+    return len(tokens) - 1
+
+
 def only_tokens(tokens: list[int] | mx.array, logits: mx.array) -> mx.array:
     """``logits`` with every token but ``tokens`` at -inf."""
     ids = tokens if isinstance(tokens, mx.array) else mx.array(tokens)
@@ -54,6 +67,17 @@ class Steps:
             known = cast(list[int], context[self.taken - generated :].tolist())
         self.taken += len(known)
         return known, generated - self.taken
+
+    def untaken(self) -> list[int] | None:
+        """Generated tokens known on the host that the processor has not taken
+        in yet (None: it has no host view)."""
+        return None if self.seen is None else self.seen[self.taken : self.calls]
+
+    def skip(self, count: int) -> None:
+        """``count`` more tokens were generated without a call (accepted draft
+        tokens, see :mod:`mlxtrio.engine.speculation`); the next call reads
+        them from the host view like any other."""
+        self.calls += count
 
     def read(self, context: mx.array, pending: int) -> list[int]:
         """Wait for the ``pending`` last tokens and take them in."""
