@@ -14,6 +14,8 @@ import httpx
 import pytest
 import trio
 
+from mlxtrio.serving.services import STORE_RETRY
+
 from .conftest import SCRIPTED, RawConnection, Server, wait_until
 from .test_store_faults import (  # noqa: F401 - fixtures
     PASSWORD,
@@ -29,14 +31,30 @@ DEADLINE = 1.0  # the servers' store deadlines here
 SLACK = 3.0  # a request may take this much longer than the deadline
 
 
-async def pg_server(server_factory, scripted_model_path: str, database: str, port: int) -> Server:
-    return await server_factory(
+async def pg_server(
+    server_factory, scripted_model_path: str, database: str, port: int, *, wait_open: bool = True
+) -> Server:
+    """A server on PostgreSQL with short store deadlines, once its store is open
+    (unless ``wait_open`` is False).
+
+    Opening (connect, create the schema) may miss the short deadline on a busy
+    machine; the server then retries every ``STORE_RETRY`` seconds (what
+    production wants), so wait for the store rather than racing that retry."""
+    server = await server_factory(
         model=scripted_model_path,
         model_name=SCRIPTED,
         database_url=f"postgresql://postgres:{PASSWORD}@127.0.0.1:{port}/{database}",
         store_timeout=DEADLINE,
         store_write_timeout=DEADLINE,
     )
+    if not wait_open:
+        return server
+    await wait_until(
+        lambda: server.services.store is not None,
+        timeout=STORE_RETRY + 10,
+        what="the response store to open",
+    )
+    return server
 
 
 def assert_clear_503(r: httpx.Response) -> None:
@@ -157,7 +175,9 @@ async def test_a_store_down_at_start_up_is_retried_in_the_background(
 
     monkeypatch.setattr(services_module, "STORE_RETRY", 0.2)
     proxy.stop()  # PostgreSQL is down when the server starts
-    server = await pg_server(server_factory, scripted_model_path, pg_database, proxy.port)
+    server = await pg_server(
+        server_factory, scripted_model_path, pg_database, proxy.port, wait_open=False
+    )
     async with server.client() as client:
         served = await client.post("/v1/responses", json=HI)  # generation works meanwhile
         assert served.status_code == 200
