@@ -1,7 +1,8 @@
 """Vision-language models: images through every API to a real mlx-vlm model.
 
 The models are tiny random-weight checkpoints of real mlx-vlm architectures
-(Qwen2.5-VL, Qwen3-VL, Gemma 3), built offline by ``tools/build_tiny_vlm.py``
+(Qwen2.5-VL, Qwen3-VL, Gemma 3, and mllama on the serial path), built offline by
+``tools/build_tiny_vlm.py``
 and loaded by mlx-vlm's own code; clients are the official SDKs.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import io
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,9 @@ pytestmark = pytest.mark.skipif(
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = 64  # image tokens of a 224 x 224 picture on the tiny Qwen models (max_pixels)
+# The fewest tokens an image adds to a prompt: Gemma 3's fixed 4 (+ markers);
+# mllama keeps its one image token (the features reach it by cross-attention).
+IMAGE_TOKENS = {"qwen2_5_vl": RUN, "qwen3_vl": RUN, "gemma3": 4, "mllama": 1}
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +52,7 @@ def tiny_vlms(tmp_path_factory: pytest.TempPathFactory) -> Path:
     builder.build_qwen2_5_vl(out / "qwen2_5_vl", "float32", 0)
     builder.build_gemma3(out / "gemma3", "float32", 1)
     builder.build_qwen3_vl(out / "qwen3_vl", "float32", 2)
+    builder.build_mllama(out / "mllama", "float32", 3)
     return out
 
 
@@ -103,7 +109,7 @@ def test_model_tokens_put_the_models_ids_back() -> None:
 # -- every API, streaming and not -----------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3", "mllama"])
 async def test_every_api_shows_the_model_the_image(
     server_factory: ServerFactory, tiny_vlms: Path, family: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -132,8 +138,8 @@ async def test_every_api_shows_the_model_the_image(
     text_only = await claude.messages.count_tokens(
         model="vlm", messages=[{"role": "user", "content": "What is in it?"}]
     )
-    # The image's run is counted: 64 tokens on the Qwen, Gemma 3's fixed 4 (+ markers).
-    assert counted.input_tokens - text_only.input_tokens >= (RUN if family != "gemma3" else 4)
+    # The image's run is counted (see IMAGE_TOKENS).
+    assert counted.input_tokens - text_only.input_tokens >= IMAGE_TOKENS[family]
 
     async with claude.messages.stream(
         model="vlm", max_tokens=12, messages=[{"role": "user", "content": content(picture(1))}]
@@ -205,11 +211,12 @@ async def test_detail_low_costs_fewer_tokens(
     assert await count("low") <= await count("high")
 
 
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "mllama"])
 async def test_an_image_inside_a_claude_code_tool_result(
-    server_factory: ServerFactory, tiny_vlms: Path, caplog: pytest.LogCaptureFixture
+    server_factory: ServerFactory, tiny_vlms: Path, caplog: pytest.LogCaptureFixture, family: str
 ) -> None:
     caplog.set_level(logging.INFO, logger="mlxtrio.access")
-    server = await vlm_server(server_factory, tiny_vlms, "qwen2_5_vl")
+    server = await vlm_server(server_factory, tiny_vlms, family)
 
     def conversation(result: list[dict[str, Any]]) -> list[dict[str, Any]]:
         call = {
@@ -238,7 +245,7 @@ async def test_an_image_inside_a_claude_code_tool_result(
         tools=tools,  # type: ignore[arg-type]
         messages=conversation([{"type": "text", "text": "Read image"}]),  # type: ignore[arg-type]
     )
-    assert with_image.input_tokens - without.input_tokens >= RUN
+    assert with_image.input_tokens - without.input_tokens >= IMAGE_TOKENS[family]
     answer = await claude.messages.create(
         model="vlm",
         max_tokens=8,
@@ -412,6 +419,8 @@ def mlx_vlm_greedy(path: str, vision: VisionPrompt, prompt: list[int], count: in
 
     model, _ = load(path)
     arrays = [s.arrays for s in vision.spans]
+    if "aspect_ratio_ids" in arrays[0]:
+        return mllama_greedy(model, vision, prompt, count)
     pixels = mx.array(np.concatenate([a["pixel_values"] for a in arrays]))
     extra = {}
     if "image_grid_thw" in arrays[0]:
@@ -420,6 +429,133 @@ def mlx_vlm_greedy(path: str, vision: VisionPrompt, prompt: list[int], count: in
     mask = mx.ones(ids.shape, dtype=mx.int32)
     steps = generate_step(ids, model, pixels, mask, max_tokens=count, temperature=0.0, **extra)
     return [int(token) for token, _ in steps]
+
+
+def mllama_greedy(model: Any, vision: VisionPrompt, prompt: list[int], count: int) -> list[int]:
+    """mllama's greedy output as transformers defines it, computed by mlx-vlm's
+    model without a cache: the whole sequence each step, on inputs as
+    MllamaProcessor makes them (transformers' own mask functions), a
+    generated token's cross-attention mask row repeating the prompt's last
+    (transformers' generation does that; mlx-vlm's generate_step drops the
+    mask after the prompt, so there a generated token sees every image)."""
+    import mlx.core as mx
+    from transformers.models.mllama.processing_mllama import (
+        convert_sparse_cross_attention_mask_to_dense,
+        get_cross_attention_token_mask,
+    )
+
+    arrays = [s.arrays for s in vision.spans]
+
+    def joined(name: str) -> Any:
+        return mx.array(np.concatenate([a[name] for a in arrays], axis=1))
+
+    ids = vision.model_tokens(prompt)
+    tiles = [[int(np.asarray(a["num_tiles"]).reshape(-1)[0]) for a in arrays]]
+    spans = get_cross_attention_token_mask(ids, model.config.image_token_index)
+    dense = mx.array(
+        convert_sparse_cross_attention_mask_to_dense(
+            [spans], tiles, model.config.vision_config.max_num_tiles, len(ids)
+        )
+    )
+    out: list[int] = []
+    for _ in range(count):
+        rows = mx.concatenate([dense, mx.repeat(dense[:, -1:], len(out), axis=1)], axis=1)
+        logits = model(
+            mx.array([ids + out]),
+            joined("pixel_values"),
+            aspect_ratio_ids=joined("aspect_ratio_ids"),
+            aspect_ratio_mask=joined("aspect_ratio_mask"),
+            cross_attention_mask=rows,
+        ).logits
+        out.append(int(mx.argmax(logits[0, -1]).item()))
+    return out
+
+
+# -- the serial path: a model that reads images by cross-attention (mllama) ------------
+
+
+async def vision_prompt(loaded: Any, text: str, pictures: list[bytes]) -> Any:
+    """``text`` (with ``{}`` where each picture stands) as the server renders it."""
+    checked = [
+        check(ImageInput("base64", base64.b64encode(p).decode(), f"i{i}"), ImageLimits())
+        for i, p in enumerate(pictures)
+    ]
+    conversation = Conversation(
+        [Message("user", text.format(*(image_marker(c.input) for c in checked)))],
+        images=[c.input for c in checked],
+    )
+    return await trio.to_thread.run_sync(
+        lambda: render_sync(loaded.tokenizer, conversation, images=loaded.images, checked=checked)
+    )
+
+
+async def generated(engine: Any, prompt: Any, max_tokens: int = 10) -> list[int]:
+    tokens = []
+    async with engine.submit(
+        prompt.tokens, SamplingParams(max_tokens=max_tokens), vision=prompt.vision
+    ) as handle:
+        async for event in handle:
+            tokens.extend(event.token_ids)
+    return tokens
+
+
+async def test_a_cross_attention_model_generates_what_mlx_vlm_generates_one_at_a_time(
+    server_factory: ServerFactory, tiny_vlms: Path
+) -> None:
+    # A small prefill chunk: the prompt's prefill takes several engine steps.
+    server = await vlm_server(server_factory, tiny_vlms, "mllama", prefill_chunk=8)
+    engine, loaded = server.engine, server.engine.loaded
+    assert loaded is not None and loaded.images is not None and loaded.serial
+    prompts = [
+        await vision_prompt(loaded, "first {} then {}", [picture(8, (140, 90)), picture(9)]),
+        await vision_prompt(loaded, "what is {} about?", [picture(10, (60, 200))]),
+        await vision_prompt(loaded, "no picture at all, just words", []),
+    ]
+    together: dict[int, list[int]] = {}
+
+    async def one(i: int) -> None:
+        together[i] = await generated(engine, prompts[i])
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(prompts)):
+            nursery.start_soon(one, i)
+    assert engine.stats.max_batch_size == 1  # one at a time, the others queued
+    path = str(tiny_vlms / "mllama")
+    for i in (0, 1):
+        theirs = await trio.to_thread.run_sync(
+            mlx_vlm_greedy, path, prompts[i].vision, prompts[i].tokens, 10
+        )
+        assert together[i] == theirs, i
+    assert prompts[2].vision is None and len(together[2]) == 10
+    assert together[2] == await generated(engine, prompts[2])  # alone: the same
+    assert engine.stats.speculation.startswith("off: not on the serial path")
+
+
+async def test_a_hang_up_on_the_serial_path_lets_the_next_one_run(
+    server_factory: ServerFactory, tiny_vlms: Path
+) -> None:
+    server = await vlm_server(server_factory, tiny_vlms, "mllama")
+    engine, loaded = server.engine, server.engine.loaded
+    assert loaded is not None
+    first = await vision_prompt(loaded, "tell me about {}", [picture(11)])
+    second = await vision_prompt(loaded, "and {}?", [picture(12)])
+    with trio.fail_after(60):
+        async with engine.submit(
+            first.tokens, SamplingParams(max_tokens=100_000), vision=first.vision
+        ) as handle:
+            async with engine.submit(
+                second.tokens, SamplingParams(max_tokens=3), vision=second.vision
+            ) as waiting:
+                async for event in handle:
+                    if event.token_ids:
+                        handle.cancel()
+                    if event.finish_reason:
+                        break
+                finals = [event async for event in waiting if event.finish_reason]
+    assert event.finish_reason == "cancelled"
+    assert finals[-1].finish_reason == "length"
+    while engine.active_sequences:
+        await trio.sleep(0.01)
 
 
 # -- hang-ups and bad images -----------------------------------------------------------
@@ -759,3 +895,12 @@ async def test_the_model_reads_a_picture_with_a_tool_and_sees_it(
     await wait_until(lambda: len(access_lines(caplog)) >= 2, what="both access lines")
     lines = access_lines(caplog)
     assert "images" not in lines[0] and "images=1 " in lines[1], lines
+
+
+def test_an_encoder_decoder_vlm_says_why_it_is_not_served(tmp_path: Path) -> None:
+    from mlxtrio.engine.model import read_checkpoint
+
+    config = {"model_type": "florence2", "vision_config": {"model_type": "davit"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="encoder-decoder with task prompts"):
+        read_checkpoint(str(tmp_path))

@@ -2,20 +2,18 @@
 
     python tools/build_tiny_vlm.py OUT_DIR [--seed 0] [--dtype float32|bfloat16]
 
-Writes OUT_DIR/qwen2_5_vl, OUT_DIR/qwen3_vl and OUT_DIR/gemma3: each a
-checkpoint that mlx_vlm.load() (model + processor) and mlx_lm.load() (text
-part) both read. Tokenizer: mlxtrio's tiny-chat BPE (4096 ids) plus the
-family's image tokens. Weights: mlx-vlm's own module init under a fixed seed
-(deterministic), saved under mlx-vlm's parameter names (a superset of
-mlx-lm's, so both loaders accept the file). Needs mlx-vlm importable
-(``pip install mlx-vlm==0.7.10``; checked with mlx 0.32.4, mlx-lm 0.32.2).
+Writes OUT_DIR/qwen2_5_vl, OUT_DIR/qwen3_vl, OUT_DIR/gemma3 and OUT_DIR/mllama:
+each a checkpoint that mlx_vlm.load() reads (model + processor), and the first
+three also mlx_lm.load() (text part; mlx-lm has no mllama). Tokenizer:
+mlxtrio's tiny-chat BPE (4096 ids) plus the family's image tokens. Weights:
+mlx-vlm's own module init under a fixed seed (deterministic), saved under
+mlx-vlm's parameter names (a superset of mlx-lm's, so both loaders accept the
+file). Needs mlx-vlm importable (``pip install 'mlxtrio[vision]'``).
 
-These are the checkpoints the vision work (serving images to VLMs) is to be
-tested on; mlxtrio does not serve VLMs yet: an image reaches every model as a
-placeholder (README, "Images"). Checked so far, outside the test suite:
-``mlx_vlm.load`` + generation with an image (image-dependent output) for all
-three, ``mlx_lm.load`` of the text part. Qwen needs untied output weights: tied,
-a tiny random stack echoes its input.
+Serve one with ``mlxtrio serve --model OUT_DIR/qwen2_5_vl``: the tests do.
+Qwen needs untied output weights: tied, a tiny random stack echoes its input;
+mllama's gates start at 0 (tanh(0) = 0 would hide the image): they are set
+to 1.
 """
 
 from __future__ import annotations
@@ -65,7 +63,17 @@ def write_tokenizer(out: Path, extra: list[str], extra_config: dict) -> dict[str
     return ids
 
 
-def save(out: Path, config: dict, dtype: str, seed: int, drop: tuple[str, ...] = ()) -> None:
+def save(
+    out: Path,
+    config: dict,
+    dtype: str,
+    seed: int,
+    drop: tuple[str, ...] = (),
+    ones: tuple[str, ...] = (),
+) -> None:
+    """mlx-vlm's init of ``config``'s architecture under ``seed``, without the
+    weights named in ``drop``, and those whose names end with one of ``ones``
+    set to 1."""
     from mlx_vlm.utils import get_model_and_args, update_module_configs
 
     mx.random.seed(seed)
@@ -78,6 +86,9 @@ def save(out: Path, config: dict, dtype: str, seed: int, drop: tuple[str, ...] =
     cfg = update_module_configs(cfg, arch, raw, ["text", "vision"])
     model = arch.Model(cfg)
     flat = dict(tree_flatten(model.parameters()))
+    flat = (
+        {k: mx.ones_like(v) if k.endswith(ones) else v for k, v in flat.items()} if ones else flat
+    )
     flat = {k: v.astype(getattr(mx, dtype)) for k, v in flat.items() if k not in drop}
     mx.save_safetensors(str(out / "model.safetensors"), flat, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
@@ -327,6 +338,89 @@ def build_gemma3(out: Path, dtype: str, seed: int) -> None:
     )
 
 
+def build_mllama(out: Path, dtype: str, seed: int) -> None:
+    """Llama 3.2 Vision's architecture: the language model attends to the
+    image features through cross-attention layers (1 and 3 of 4); one image
+    token per image stays in the prompt."""
+    out.mkdir(parents=True, exist_ok=True)
+    # MllamaProcessor prepends the tokenizer's bos token (None would be the text "None").
+    ids = write_tokenizer(
+        out,
+        ["<|image|>", "<|begin_of_text|>", "<|python_tag|>"],
+        {"bos_token": "<|begin_of_text|>"},
+    )
+    (out / "chat_template.jinja").write_text(TEMPLATE.replace("@IMAGE@", "<|image|>"))
+    tile, tiles, vision_hidden, intermediate = 28, 4, 32, [0, 1]
+    config = {
+        "architectures": ["MllamaForConditionalGeneration"],
+        "model_type": "mllama",
+        "torch_dtype": dtype,
+        "eos_token_id": [2, 0],
+        "image_token_index": ids["<|image|>"],
+        "vocab_size": VOCAB,
+        "text_config": {
+            "model_type": "mllama_text_model",
+            "vocab_size": VOCAB,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "cross_attention_layers": [1, 3],
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0,
+            "rope_scaling": None,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": False,
+            "bos_token_id": ids["<|begin_of_text|>"],
+            "eos_token_id": 2,
+            "pad_token_id": 0,
+        },
+        "vision_config": {
+            "model_type": "mllama_vision_model",
+            # (28 / 14)^2 + 1 = 5 tokens a tile: not a multiple of 8, which
+            # mlx-vlm's vision attention mask needs (it pads to one).
+            "image_size": tile,
+            "patch_size": 14,
+            "num_channels": 3,
+            "hidden_size": vision_hidden,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_global_layers": 1,
+            "num_attention_heads": 2,
+            "max_num_tiles": tiles,
+            # No max_aspect_ratio_id: a read-only property of transformers'
+            # MllamaVisionConfig, which AutoTokenizer parses from this file.
+            "norm_eps": 1e-5,
+            "intermediate_layers_indices": intermediate,
+            "vision_output_dim": vision_hidden * (1 + len(intermediate)),
+            "supported_aspect_ratios": [
+                [1, 1],
+                [1, 2],
+                [1, 3],
+                [1, 4],
+                [2, 1],
+                [2, 2],
+                [3, 1],
+                [4, 1],
+            ],
+        },
+    }
+    save(out, config, dtype, seed, ones=("gate", "gate_attn", "gate_ffn"))
+    write_preprocessor(
+        out,
+        CLIP_MEAN,
+        CLIP_STD,
+        image_processor_type="MllamaImageProcessor",
+        processor_class="MllamaProcessor",
+        do_resize=True,
+        do_pad=True,
+        size={"height": tile, "width": tile},
+        max_image_tiles=tiles,
+        resample=2,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -337,6 +431,7 @@ def main() -> None:
     build_qwen2_5_vl(out / "qwen2_5_vl", a.dtype, a.seed)
     build_gemma3(out / "gemma3", a.dtype, a.seed + 1)
     build_qwen3_vl(out / "qwen3_vl", a.dtype, a.seed + 2)
+    build_mllama(out / "mllama", a.dtype, a.seed + 3)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from .image_tokens import VisionPrompt
 from .model import LoadedModel
+from .serial import CrossAttentionModel, SerialGenerator
 from .speculation.verify import Speculation, speculative_batch
+from .staging import Join
 
 
 def new_generator(
@@ -16,8 +19,12 @@ def new_generator(
     speculation: Speculation | None = None,
 ) -> Any:
     """A ``BatchGenerator`` for ``loaded``; its decode steps verify drafts
-    when ``speculation`` is given (see .speculation)."""
+    when ``speculation`` is given (see .speculation). A cross-attention VLM's
+    stand-in runs one sequence at a time (see .serial)."""
     from mlx_lm.generate import BatchGenerator
+
+    if isinstance(loaded.model, CrossAttentionModel):
+        return SerialGenerator(loaded.model, default_max_tokens, max_prefill_chunk)
 
     gen = BatchGenerator(
         loaded.model,
@@ -36,6 +43,34 @@ def new_generator(
         # construction puts every decode step through the speculative one.
         gen._generation_batch = speculative_batch(loaded.model, gen.sampler, speculation)
     return gen
+
+
+def insert(
+    gen: Any,
+    segments: list[list[int]],
+    join: Join,
+    cache: Any,
+    prefix: list[int],
+    vision: VisionPrompt | None = None,
+) -> int:
+    """Queue one sequence in ``gen``; its uid. ``prefix`` is in ``cache``
+    already; ``segments`` follow it (a snapshot may be taken at each end).
+    ``vision`` (the prompt's images) matters only to the serial path, which
+    encodes them itself."""
+    if isinstance(gen, SerialGenerator):
+        prompt = [*prefix, *(token for segment in segments for token in segment)]
+        guard = [join.guard] if join.guard else []
+        return gen.add(prompt, vision, join.params.max_tokens, join.sampler, guard, join.stops)
+    (uid,) = gen.insert_segments(
+        [segments],
+        max_tokens=[join.params.max_tokens],
+        caches=[cache],
+        all_tokens=[prefix],
+        samplers=[join.sampler],
+        logits_processors=[[join.guard] if join.guard else []],
+        stop_sequences=[join.stops],
+    )
+    return int(uid)
 
 
 def drop_queued(gen: Any, uid: int | None) -> set[int]:

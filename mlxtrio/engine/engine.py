@@ -243,6 +243,8 @@ class Engine:
         cancelling it leaves nothing pinned. A prefix never ends inside one of
         ``vision``'s images (an image is encoded whole): one that would, ends
         where that image starts."""
+        if self.loaded is not None and self.loaded.serial:
+            return None  # nothing is kept for it to find (see .serial)
         key = (self.name, domain)
         match = await self.cache.lookup(self.loaded, key, prompt)
         cut = vision.inside(match.length) if vision is not None and match is not None else None
@@ -403,7 +405,10 @@ class Engine:
     def _size_batch(self, capacity: int) -> None:
         """Set the batch size (engine thread, before serving: the Trio side
         reads ``capacity`` once the engine is ready)."""
-        log.info("model %s: decodes up to %d sequences at once", self.name, capacity)
+        if self.loaded is not None and self.loaded.serial:
+            log.info("model %s: one sequence at a time, %d admitted", self.name, capacity)
+        else:
+            log.info("model %s: decodes up to %d sequences at once", self.name, capacity)
         self.capacity = self._loop_settings.capacity = capacity
 
     def _open_ranks(self) -> LeaderSchedule:

@@ -103,10 +103,15 @@ class ImageTokenizer:
     its tokens. Two ways of widening it are known: a run of the image token
     as long as the image's patch grid after merging (Qwen-VL: the processor
     reports ``image_grid_thw``) or the processor's fixed full image sequence
-    (Gemma 3: ``full_image_sequence`` in place of ``boi_token``)."""
+    (Gemma 3: ``full_image_sequence`` in place of ``boi_token``). A model that
+    reads images by cross-attention (mllama, ``single``) keeps the pattern as
+    it is: one token per image."""
 
-    def __init__(self, processor: Any, tokenizer: Any, image_text: str) -> None:
+    def __init__(
+        self, processor: Any, tokenizer: Any, image_text: str, single: bool = False
+    ) -> None:
         self.processor = processor
+        self.single = single
         self.image_processor = processor.image_processor
         self.tokenizer = tokenizer
         self.image_text = image_text
@@ -116,7 +121,9 @@ class ImageTokenizer:
         self._cached_bytes = 0
 
     @classmethod
-    def for_model(cls, processor: Any, tokenizer: Any) -> ImageTokenizer | None:
+    def for_model(
+        cls, processor: Any, tokenizer: Any, single: bool = False
+    ) -> ImageTokenizer | None:
         """The model's image tokenizer, or None when its template or processor
         is not one of the known kinds (the model is then served as text)."""
         if getattr(processor, "image_processor", None) is None:
@@ -124,10 +131,12 @@ class ImageTokenizer:
         text = _template_image_text(tokenizer)
         if not text:
             return None
-        made = cls(processor, tokenizer, text)
+        made = cls(processor, tokenizer, text, single)
         return made if made._widening() is not None else None
 
     def _widening(self) -> str | None:
+        if self.single:
+            return "single"
         if getattr(self.processor, "full_image_sequence", None) and getattr(
             self.processor, "boi_token", None
         ):
@@ -177,6 +186,8 @@ class ImageTokenizer:
 
     def _widen(self, arrays: dict[str, np.ndarray]) -> list[int]:
         convert = self.tokenizer.convert_tokens_to_ids
+        if self._widening() == "single":
+            return list(self.pattern)
         if self._widening() == "sequence":
             full = self.tokenizer.encode(
                 self.processor.full_image_sequence, add_special_tokens=False

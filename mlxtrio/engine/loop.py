@@ -31,10 +31,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from .batch import drop_queued, hand_over_queue, new_generator
+from .batch import drop_queued, hand_over_queue, insert, new_generator
 from .cache.snapshots import KVTiers, Snapshots
 from .commands import Cancel, Command, Drop, ForgetDisk, Share, Shutdown, Submit
 from .handle import GenerationHandle
@@ -45,22 +45,13 @@ from .processors.assembly import ProcessorFactory
 from .processors.sampling import normalized, sampler_for
 from .schedule import Schedule
 from .sequence import LiveSequence, SequenceGuard, finish_stats
-from .speculation.policy import Switch
-from .speculation.rollback import model_rolls_back
-from .speculation.verify import Speculation
+from .speculation.setup import settle_counts, speculation_for
 from .staging import STAGED, Join, Staged, advance_for_a_step
-from .types import (
-    EngineStats,
-    Entry,
-    GenerationEvent,
-    GenerationStats,
-    Match,
-)
+from .types import EngineStats, Entry, GenerationEvent, GenerationStats, Match
 from .vision import VisionPrefill, VisionTextModel
 
 log = logging.getLogger("mlxtrio.engine")
 
-_LATENCY_HISTORY = 256
 HandleEvent = tuple[GenerationHandle, GenerationEvent]
 
 
@@ -103,11 +94,19 @@ class EngineLoop:
     staged: dict[GenerationHandle, Staged] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.loaded.serial:  # its KV depends on the images: nothing to reuse (see .serial)
+            self.settings = replace(self.settings, cache_enabled=False)
         self.processors = ProcessorFactory(self.loaded.tokenizer, self.loaded.token_texts)
         self.pacer = PrefillPacer(
             self.settings.prefill_step_seconds, self.settings.max_prefill_chunk
         )
-        self.speculation = self._speculation()
+        self.speculation = speculation_for(
+            self.loaded.model,
+            self.settings.speculation,
+            self.stats,
+            self._may_draft,
+            strict=self.strict,
+        )
         self.gen = self._new_generator()
         self.snapshots = Snapshots(
             self.loaded,
@@ -152,7 +151,7 @@ class EngineLoop:
         """Apply ``commands`` in order. False means shut down."""
         for command in commands:
             if isinstance(command, Shutdown):
-                self._end_all(lambda seq: _final("cancelled", seq.stats))
+                self._end_all(lambda seq: GenerationEvent.final("cancelled", seq.stats))
                 return False
             if isinstance(command, Submit):
                 self._insert(command.handle, command.withdrawn)
@@ -161,8 +160,7 @@ class EngineLoop:
             elif isinstance(command, Share):
                 seq = self.by_handle.get(command.handle)
                 if seq is not None:  # else it ended: its end sets kv_ready
-                    seq.share_at = max(seq.share_at, command.at)
-                    seq.share_requested = True
+                    seq.share_when(command.at)
             elif isinstance(command, Drop):
                 for entry_id in command.entry_ids:
                     self.kv.memory.drop(entry_id)
@@ -174,16 +172,14 @@ class EngineLoop:
         if withdrawn:  # cancelled before it started, or failed by a dead thread
             self._release(handle)
             stats = GenerationStats(prompt_tokens=len(handle.prompt))
-            self.outbox.deliver([(handle, _final("cancelled", stats))])
+            self.outbox.deliver([(handle, GenerationEvent.final("cancelled", stats))])
             return
         try:
             self._start(handle)
         except Exception as exc:
-            if self.strict:
-                raise
-            log.exception("could not start a sequence of %d prompt tokens", len(handle.prompt))
+            failed = self._failed(handle, exc, "could not start generation")
             self._release(handle)
-            self.outbox.deliver([(handle, _error(f"could not start generation: {exc}"))])
+            self.outbox.deliver([failed])
 
     def _start(self, handle: GenerationHandle) -> None:
         from mlx_lm.generate import StopSequences
@@ -221,15 +217,7 @@ class EngineLoop:
         segments = [handle.prompt[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
         # Nothing after the insert can fail: a sequence the generator holds is
         # always one the loop knows.
-        (uid,) = self.gen.insert_segments(
-            [segments],
-            max_tokens=[join.params.max_tokens],
-            caches=[cache],
-            all_tokens=[handle.prompt[:at]],
-            samplers=[join.sampler],
-            logits_processors=[[join.guard] if join.guard else []],
-            stop_sequences=[join.stops],
-        )
+        uid = insert(self.gen, segments, join, cache, handle.prompt[:at], handle.vision)
         seq.uid = uid
         seq.staged = at - join.reused
         seq.boundaries = boundaries
@@ -244,12 +232,10 @@ class EngineLoop:
         try:
             advance_for_a_step(staged, self.pacer, bool(self.live))
         except Exception as exc:
-            if self.strict:
-                raise
-            log.exception("could not encode a prompt's images; ending its sequence")
+            failed = self._failed(handle, exc, "could not encode the images")
             del self.staged[handle]
             self.by_handle.pop(handle, None)
-            self.outbox.deliver([(handle, _error(f"could not encode the images: {exc}"))])
+            self.outbox.deliver([failed])
             return
         if not prefill.done:
             return
@@ -257,11 +243,9 @@ class EngineLoop:
         try:
             self._join(staged.seq, staged.join, prefill.batch_cache(), prefill.position)
         except Exception as exc:
-            if self.strict:
-                raise
-            log.exception("could not start a sequence after its images")
+            failed = self._failed(handle, exc, "could not start generation after the images")
             self.by_handle.pop(handle, None)
-            self.outbox.deliver([(handle, _error(f"could not start generation: {exc}"))])
+            self.outbox.deliver([failed])
 
     def _unstage(self, staged: Staged) -> None:
         """End a sequence cancelled during its vision prefill; what it encoded
@@ -273,10 +257,9 @@ class EngineLoop:
                 self.snapshots.keep(seq.handle.cache_key, prefill.cache, tokens)
             except Exception:
                 log.exception("could not keep a cancelled sequence's encoded prefix")
-        self.stats.cancelled += 1
         finish_stats(seq, time.perf_counter())
-        self.stats.last_cancelled = seq.stats
-        self.outbox.deliver([(seq.handle, _final("cancelled", seq.stats))])
+        self.stats.note_cancelled(seq.stats, seq.handle.cancel_requested_at_step)
+        self.outbox.deliver([(seq.handle, GenerationEvent.final("cancelled", seq.stats))])
 
     def _release(self, handle: GenerationHandle) -> None:
         """Unpin ``handle``'s prefix match (the sequence will not use it)."""
@@ -301,15 +284,10 @@ class EngineLoop:
             self.live.pop(seq.uid, None)
             self._recover(exc, dropping=seq.uid)
         self.live.pop(seq.uid, None)
-        self._take_counts(seq)
-        self.stats.cancelled += 1
-        if handle.cancel_requested_at_step is not None:
-            latency = self.stats.steps - handle.cancel_requested_at_step
-            self.stats.cancel_latency_steps.append(latency)
-            del self.stats.cancel_latency_steps[:-_LATENCY_HISTORY]
+        settle_counts(self.speculation, seq.uid, seq.stats, self.stats)
         finish_stats(seq, time.perf_counter())
-        self.stats.last_cancelled = seq.stats
-        self.outbox.deliver([(handle, _final("cancelled", seq.stats))])
+        self.stats.note_cancelled(seq.stats, handle.cancel_requested_at_step)
+        self.outbox.deliver([(handle, GenerationEvent.final("cancelled", seq.stats))])
 
     # -- stepping --------------------------------------------------------------
 
@@ -365,7 +343,8 @@ class EngineLoop:
         )
         self.gen = self._new_generator()
         hand_over_queue(old, self.gen)
-        deliveries = [(seq.handle, _error(f"generation failed: {exc}")) for seq in failed]
+        failure = GenerationEvent.failure(f"generation failed: {exc}")
+        deliveries = [(seq.handle, failure) for seq in failed]
         for seq in failed:
             self._forget(seq)
         self.outbox.deliver(deliveries)
@@ -384,9 +363,17 @@ class EngineLoop:
         deliveries = []
         for seq, error in broken:
             log.error("a logits processor failed; ending its sequence", exc_info=error)
-            deliveries.append((seq.handle, _error(f"generation failed: {error}")))
+            deliveries.append((seq.handle, GenerationEvent.failure(f"generation failed: {error}")))
             self._end(seq)
         return deliveries
+
+    def _failed(self, handle: GenerationHandle, exc: Exception, what: str) -> HandleEvent:
+        """One sequence's own work failed: log it, and the error event that ends
+        it. A strict loop re-raises instead: the other ranks would not end it."""
+        if self.strict:
+            raise exc
+        log.error("%s; ending its sequence", what, exc_info=exc)
+        return handle, GenerationEvent.failure(f"{what}: {exc}")
 
     def _end(self, seq: LiveSequence) -> None:
         """Take a failed sequence out of the loop and the generator."""
@@ -402,29 +389,6 @@ class EngineLoop:
             self.loaded, s.capacity, s.default_max_tokens, s.max_prefill_chunk, self.speculation
         )
 
-    def _speculation(self) -> Speculation | None:
-        """Speculative decoding for this model, unless it is off or cannot be
-        exact here (the reason goes to the log and /health)."""
-        mode = self.settings.speculation
-        self.stats.speculation = mode
-        if mode == "off":
-            return None
-        reason = None
-        if self.strict:
-            reason = "not across ranks yet: every rank would have to verify the same drafts"
-        elif isinstance(self.loaded.model, VisionTextModel):
-            reason = "not for vision models yet (their M-RoPE cache)"
-        elif not model_rolls_back(self.loaded.model):
-            reason = "the model's KV cache cannot roll back one row (rotating or recurrent layers)"
-        if reason is not None:
-            log.info("speculative decoding off: %s", reason)
-            self.stats.speculation = f"off: {reason}"
-            return None
-        switch = self.stats.speculation_switch
-        if not isinstance(switch, Switch) or switch.mode != mode:
-            switch = self.stats.speculation_switch = Switch(mode)
-        return Speculation(switch, self._may_draft)
-
     def _may_draft(self, uid: int) -> bool:
         """Sequences no seed fixes whose processors take part (see
         .speculation.verify)."""
@@ -436,16 +400,7 @@ class EngineLoop:
     def _forget(self, seq: LiveSequence) -> None:
         self.live.pop(seq.uid, None)
         self.by_handle.pop(seq.handle, None)
-        self._take_counts(seq)
-
-    def _take_counts(self, seq: LiveSequence) -> None:
-        """Move an ending sequence's draft counts into its stats and the totals."""
-        if self.speculation is None:
-            return
-        counts = self.speculation.take(seq.uid)
-        seq.stats.draft_tokens, seq.stats.accepted_tokens = counts.drafted, counts.accepted
-        self.stats.draft_tokens += counts.drafted
-        self.stats.accepted_tokens += counts.accepted
+        settle_counts(self.speculation, seq.uid, seq.stats, self.stats)
 
     def _end_all(self, event_for: Callable[[LiveSequence], GenerationEvent]) -> None:
         ending = [*self.live.values(), *(staged.seq for staged in self.staged.values())]
@@ -462,18 +417,8 @@ class EngineLoop:
         now = time.perf_counter()
         for r in prompt_responses:
             seq = self.live.get(r.uid)
-            if seq is None:
-                continue
-            if seq.prefill_started_at is None:
-                seq.prefill_started_at = now
-                seq.stats.queue_seconds = now - seq.submitted_at
-            seq.stats.prefilled_tokens = seq.staged + int(r.progress[0])
-            seq.handle.prefilled = seq.context
-            if seq.boundaries and r.end_of_segment and seq.context >= seq.boundaries[0]:
-                del seq.boundaries[0]
+            if seq is not None and seq.prefilled(r, now):
                 self.snapshots.keep_live(self.gen, seq)
-            if r.end_of_prompt:
-                seq.prefill_done_at = now
         rows = len({r.uid for r in gen_responses})  # a row may emit several tokens
         self.stats.max_batch_size = max(self.stats.max_batch_size, rows)
         deliveries = []
@@ -484,39 +429,18 @@ class EngineLoop:
             try:
                 deliveries.append((seq.handle, self._token_event(seq, r, now)))
             except Exception as exc:  # detokenizing or caching this one failed
-                if self.strict:
-                    raise
-                log.exception("ending a sequence whose token could not be handled")
-                deliveries.append((seq.handle, _error(f"generation failed: {exc}")))
+                deliveries.append(self._failed(seq.handle, exc, "generation failed"))
                 self._end(seq)
         return deliveries
 
     def _token_event(self, seq: LiveSequence, r: Any, now: float) -> GenerationEvent:
-        stats = seq.stats
-        stats.generated_tokens += 1
-        self.stats.generated_tokens += 1
-        seq.generated.append(r.token)
         if seq.first_token_at is None:
-            seq.first_token_at = now
-            seq.prefill_done_at = seq.prefill_done_at or now
-            stats.time_to_first_token = now - seq.submitted_at
-            self.stats.prompt_tokens += stats.prompt_tokens
-        detok = seq.detokenizer
-        if r.finish_reason != "stop":  # the stop token itself is never shown
-            detok.add_token(r.token)
-        if r.finish_reason is None:
-            return GenerationEvent((r.token,), detok.last_segment)
-        detok.finalize()
-        self._forget(seq)
-        self.snapshots.keep(seq.handle.cache_key, r.prompt_cache, r.all_tokens)
-        self.stats.finished += 1
-        finish_stats(seq, now)
-        return GenerationEvent((r.token,), detok.last_segment, r.finish_reason, stats)
-
-
-def _final(reason: str, stats: GenerationStats) -> GenerationEvent:
-    return GenerationEvent(finish_reason=reason, stats=stats)  # type: ignore[arg-type]
-
-
-def _error(message: str) -> GenerationEvent:
-    return GenerationEvent(error=message)
+            self.stats.prompt_tokens += seq.stats.prompt_tokens
+        self.stats.generated_tokens += 1
+        event = seq.take_token(r.token, r.finish_reason, now)
+        if event.finish_reason is not None:
+            self._forget(seq)
+            self.snapshots.keep(seq.handle.cache_key, r.prompt_cache, r.all_tokens)
+            self.stats.finished += 1
+            finish_stats(seq, now)
+        return event

@@ -71,6 +71,11 @@ class LoadedModel:
     images: ImageTokenizer | None = None
 
     @property
+    def serial(self) -> bool:
+        """Generated one sequence at a time, without prefix reuse (see .serial)."""
+        return bool(getattr(self.model, "serial", False))
+
+    @property
     def context_length(self) -> int:
         return int(self.config.get("max_position_embeddings") or 32768)
 
@@ -95,7 +100,13 @@ def read_checkpoint(path: str, progress: LoadProgress | None = None) -> Checkpoi
                 "mlx-vlm could not load %s (%s): loading its language model alone", path, exc
             )
 
-    model, tokenizer, config = cast(Checkpoint, load(path, lazy=True, return_config=True))
+    try:
+        model, tokenizer, config = cast(Checkpoint, load(path, lazy=True, return_config=True))
+    except Exception as exc:
+        why = is_vision_checkpoint(config) and vision_support(config)
+        if why:  # say why its images are not served before what mlx-lm could not do
+            raise ValueError(f"{why}; mlx-lm cannot load its language model alone: {exc}") from exc
+        raise
     read_weights(model, progress)
     return model, tokenizer, config
 
@@ -179,7 +190,8 @@ def _say_how_images_are_served(name: str, loaded: LoadedModel) -> None:
     loaded.images = image_tokenizer(loaded.model, loaded.tokenizer)
     kind = loaded.config.get("model_type", "?")
     if loaded.images is not None:
-        log.info("model %s sees images (%s, through mlx-vlm)", name, kind)
+        how = "one sequence at a time: it reads images by cross-attention" if loaded.serial else ""
+        log.info("model %s sees images (%s, through mlx-vlm%s)", name, kind, how and f"; {how}")
         return
     # mlx-lm loads a VLM checkpoint's language model and drops its vision
     # tower: say so, or a user would wonder why the model never sees.

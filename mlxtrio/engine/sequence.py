@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .handle import GenerationHandle
-from .types import GenerationStats
+from .types import GenerationEvent, GenerationStats
 
 log = logging.getLogger("mlxtrio.engine")
 
@@ -24,7 +24,8 @@ class SequenceGuard:
     the step."""
 
     def __init__(self, processors: list[Callable[[Any, Any], Any]]) -> None:
-        self.processors = processors
+        # Any: those that take part in drafts have plan_draft/draft_logits/skip too.
+        self.processors: list[Any] = processors
         self.error: BaseException | None = None
 
     @property
@@ -114,6 +115,46 @@ class LiveSequence:
     def context(self) -> int:
         """Tokens in its KV cache so far (while prefilling)."""
         return self.stats.cached_tokens + self.stats.prefilled_tokens
+
+    def share_when(self, at: int) -> None:
+        """Snapshot it for a waiting request once it holds ``at`` tokens."""
+        self.share_at = max(self.share_at, at)
+        self.share_requested = True
+
+    def prefilled(self, response: Any, now: float) -> bool:
+        """Take in a step's prefill progress (mlx-lm's prompt response); True
+        when its cache reached the next boundary to snapshot at."""
+        if self.prefill_started_at is None:
+            self.prefill_started_at = now
+            self.stats.queue_seconds = now - self.submitted_at
+        self.stats.prefilled_tokens = self.staged + int(response.progress[0])
+        self.handle.prefilled = self.context
+        boundary = bool(self.boundaries) and response.end_of_segment
+        if boundary and self.context >= self.boundaries[0]:
+            del self.boundaries[0]
+        else:
+            boundary = False
+        if response.end_of_prompt:
+            self.prefill_done_at = now
+        return boundary
+
+    def take_token(self, token: int, finish_reason: str | None, now: float) -> GenerationEvent:
+        """Count and detokenize a generated token; the event that carries it
+        (with the stats, as the last one, when ``finish_reason`` is set)."""
+        stats = self.stats
+        stats.generated_tokens += 1
+        self.generated.append(token)
+        if self.first_token_at is None:
+            self.first_token_at = now
+            self.prefill_done_at = self.prefill_done_at or now
+            stats.time_to_first_token = now - self.submitted_at
+        detok = self.detokenizer
+        if finish_reason != "stop":  # the stop token itself is never shown
+            detok.add_token(token)
+        if finish_reason is None:
+            return GenerationEvent((token,), detok.last_segment)
+        detok.finalize()
+        return GenerationEvent((token,), detok.last_segment, finish_reason, stats)  # type: ignore[arg-type]
 
 
 def finish_stats(seq: LiveSequence, now: float) -> None:

@@ -106,6 +106,15 @@ class GenerationEvent:
     stats: GenerationStats | None = None
     error: str | None = None
 
+    @classmethod
+    def final(cls, reason: FinishReason, stats: GenerationStats) -> GenerationEvent:
+        """A last event that carries no token (a cancelled sequence's)."""
+        return cls(finish_reason=reason, stats=stats)
+
+    @classmethod
+    def failure(cls, message: str) -> GenerationEvent:
+        return cls(error=message)
+
 
 @dataclass
 class LoadProgress:
@@ -115,6 +124,9 @@ class LoadProgress:
     total_bytes: int = 0
     done_bytes: int = 0
     started: float | None = None  # time.monotonic() when the load began
+
+
+_LATENCY_HISTORY = 256  # cancel latencies kept
 
 
 @dataclass
@@ -143,6 +155,15 @@ class EngineStats:
     speculation_switch: Any = None
     draft_tokens: int = 0
     accepted_tokens: int = 0
+
+    def note_cancelled(self, stats: GenerationStats, requested_at_step: int | None) -> None:
+        """Count a cancelled sequence and, when its cancel was timed, how many
+        steps its removal took."""
+        self.cancelled += 1
+        if requested_at_step is not None:
+            self.cancel_latency_steps.append(self.steps - requested_at_step)
+            del self.cancel_latency_steps[:-_LATENCY_HISTORY]
+        self.last_cancelled = stats
 
 
 # -- prefix-cache entries and matches (see .cache.prefix_index) --------------

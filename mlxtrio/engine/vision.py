@@ -23,9 +23,10 @@ into its KV cache:
   position ids mlx-vlm's language model takes; a batch of rows with different
   deltas decodes in one step.
 
-Architectures whose language model is an encoder-decoder or attends to images
-through cross-attention (mllama, florence2) cannot join a text batch like
-this; they are not served with images (see :func:`vision_support`).
+A language model that attends to images through cross-attention (mllama)
+cannot join a text batch like this: it is served one sequence at a time
+(:mod:`.serial`). An encoder-decoder (florence2) is served as text only (see
+:func:`vision_support`).
 """
 
 from __future__ import annotations
@@ -46,15 +47,18 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache
 
 from .image_tokens import ImageSpan, ImageTokenizer, VisionPrompt
+from .serial import SERIAL_TYPES, CrossAttentionModel
 from .types import LoadProgress
 from .weights import read_weights
 
 log = logging.getLogger("mlxtrio.engine")
 
 INSTALL_HINT = "pip install 'mlxtrio[vision]'"
-# Language models that cannot take image features as input embeddings in a
-# text batch (cross-attention or an encoder-decoder).
-_NOT_BATCHABLE = {"mllama", "florence2"}
+# Checkpoints whose images are not served, and why.
+_TEXT_ONLY = {
+    "florence2": "an encoder-decoder with task prompts (<CAPTION>, <OCR>, ...), "
+    "not a conversation model",
+}
 
 
 def is_vision_checkpoint(config: dict[str, Any]) -> bool:
@@ -70,9 +74,7 @@ def vision_support(config: dict[str, Any]) -> str | None:
     its images)."""
     if not mlx_vlm_installed():
         return f"mlx-vlm is not installed ({INSTALL_HINT})"
-    if config.get("model_type") in _NOT_BATCHABLE:
-        return f"{config.get('model_type')} attends to images by cross-attention"
-    return None
+    return _TEXT_ONLY.get(config.get("model_type", ""))
 
 
 def local_config(path: str) -> dict[str, Any]:
@@ -173,19 +175,23 @@ def _text_positions(cache: Any, length: int, rows: int) -> mx.array:
 
 def read_vision_checkpoint(
     path: str, progress: LoadProgress | None = None
-) -> tuple[VisionTextModel, Any, dict[str, Any]]:
+) -> tuple[VisionTextModel | CrossAttentionModel, Any, dict[str, Any]]:
     """A VLM checkpoint through mlx-vlm (model and processor) and mlx-lm's
-    tokenizer wrapper; weights read in slices, counted in ``progress``."""
+    tokenizer wrapper; weights read in slices, counted in ``progress``. A
+    cross-attention model is served one sequence at a time (:mod:`.serial`)."""
     from mlx_lm.tokenizer_utils import load as load_tokenizer
     from mlx_vlm.utils import get_model_path
     from mlx_vlm.utils import load as load_vlm
 
     vlm, processor = load_vlm(path, lazy=True)
-    model = VisionTextModel(vlm, processor)
-    model.make_cache()  # raises for caches the batch cannot take, before any weight is read
     directory = Path(get_model_path(path))
     config = json.loads((directory / "config.json").read_text())
     tokenizer = load_tokenizer(directory, eos_token_ids=config.get("eos_token_id"))
+    if config.get("model_type") in SERIAL_TYPES:
+        read_weights(vlm, progress)
+        return CrossAttentionModel(vlm, processor), tokenizer, config
+    model = VisionTextModel(vlm, processor)
+    model.make_cache()  # raises for caches the batch cannot take, before any weight is read
     read_weights(vlm, progress)
     record_layers(vlm)
     return model, tokenizer, config
@@ -194,6 +200,8 @@ def read_vision_checkpoint(
 def image_tokenizer(model: Any, tokenizer: Any) -> ImageTokenizer | None:
     """The Trio side's view of a loaded VLM's processor (None: not a VLM, or
     one whose template places images in a way not known here)."""
+    if isinstance(model, CrossAttentionModel):
+        return ImageTokenizer.for_model(model.processor, tokenizer, single=True)
     if not isinstance(model, VisionTextModel):
         return None
     return ImageTokenizer.for_model(model.processor, tokenizer)

@@ -18,7 +18,7 @@ It subclasses mlx-lm's class and overrides what depends on the common end
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
@@ -42,6 +42,8 @@ class RaggedBatchKVCache(BatchKVCache):
     ``ends - left_padding``."""
 
     ends: list[int]
+    keys: Any  # mx.array once a row was written (None in the base class's __init__)
+    values: Any
 
     @classmethod
     def of(cls, cache: BatchKVCache) -> RaggedBatchKVCache:
@@ -101,7 +103,8 @@ class RaggedBatchKVCache(BatchKVCache):
 
     def filter(self, batch_indices: Any) -> None:
         indices = [int(i) for i in batch_indices]
-        lowest = min((int(self.left_padding[i].item()) for i in indices), default=0)
+        padding = cast(list[int], self.left_padding.tolist())
+        lowest = min((padding[i] for i in indices), default=0)
         ends = [self.ends[i] - lowest for i in indices]
         super().filter(batch_indices)
         self.ends = ends
@@ -117,7 +120,7 @@ class RaggedBatchKVCache(BatchKVCache):
 
     def extract(self, idx: int) -> KVCache:
         cache = KVCache()
-        start, end = int(self.left_padding[idx].item()), self.ends[idx]
+        start, end = cast(int, self.left_padding[idx].item()), self.ends[idx]
         cache.keys = mx.contiguous(self.keys[idx : idx + 1, :, start:end])
         cache.values = mx.contiguous(self.values[idx : idx + 1, :, start:end])
         cache.offset = end - start

@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
@@ -79,6 +79,9 @@ class SpeculativeGenerationBatch(GenerationBatch):
     """A ``GenerationBatch`` whose steps verify drafts when they pay."""
 
     speculation: Speculation  # set by :func:`speculative_batch`
+    # mx.array or None (the base class starts them as None)
+    _current_tokens: Any
+    _next_tokens: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._rows: dict[int, _Row] = {}
@@ -147,7 +150,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
         responses when, the pending tokens read, no row has one."""
         pending = self._next_tokens
         mx.eval(pending)
-        heads: list[int] = pending.tolist()
+        heads = cast(list[int], pending.tolist())
         drafts = [
             self._draft(e, limit, head) if limit else []
             for e, (limit, head) in enumerate(zip(limits, heads, strict=True))
@@ -161,7 +164,9 @@ class SpeculativeGenerationBatch(GenerationBatch):
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         chosen = self._sample(inputs, logits, logprobs, drafts)
         mx.eval(chosen)
-        return self._settle(heads, drafts, [c.tolist() for c in chosen], logprobs, width), True
+        return self._settle(
+            heads, drafts, [cast(list[int], c.tolist()) for c in chosen], logprobs, width
+        ), True
 
     def _draft(self, e: int, limit: int, head: int) -> list[int]:
         """Row ``e``'s draft after its pending token ``head``, cut before any
