@@ -471,6 +471,24 @@ def mllama_greedy(model: Any, vision: VisionPrompt, prompt: list[int], count: in
     return out
 
 
+def mllama_text_greedy(path: str, prompt: list[int], count: int) -> list[int]:
+    """mlx-vlm's generation of a prompt without images, its cross-attention
+    layers shut (tanh(0) gates: each such layer passes its input through)."""
+    import mlx.core as mx
+    from mlx_vlm.generate.ar import generate_step
+    from mlx_vlm.utils import load
+
+    model, _ = load(path)
+    for layer in model.language_model.model.layers:
+        if hasattr(layer, "cross_attn_attn_gate"):
+            layer.cross_attn_attn_gate = mx.zeros_like(layer.cross_attn_attn_gate)
+            layer.cross_attn_mlp_gate = mx.zeros_like(layer.cross_attn_mlp_gate)
+    ids = mx.array(prompt)[None]
+    mask = mx.ones(ids.shape, dtype=mx.int32)
+    steps = generate_step(ids, model, None, mask, max_tokens=count, temperature=0.0)
+    return [int(token) for token, _ in steps]
+
+
 # -- the serial path: a model that reads images by cross-attention (mllama) ------------
 
 
@@ -489,13 +507,18 @@ async def vision_prompt(loaded: Any, text: str, pictures: list[bytes]) -> Any:
     )
 
 
-async def generated(engine: Any, prompt: Any, max_tokens: int = 10) -> list[int]:
+async def generated(
+    engine: Any, prompt: Any, max_tokens: int = 10, times: list[float] | None = None
+) -> list[int]:
+    """Greedy tokens; ``times`` gets when each event arrived."""
     tokens = []
     async with engine.submit(
         prompt.tokens, SamplingParams(max_tokens=max_tokens), vision=prompt.vision
     ) as handle:
         async for event in handle:
             tokens.extend(event.token_ids)
+            if times is not None:
+                times.append(trio.current_time())
     return tokens
 
 
@@ -512,23 +535,32 @@ async def test_a_cross_attention_model_generates_what_mlx_vlm_generates_one_at_a
         await vision_prompt(loaded, "no picture at all, just words", []),
     ]
     together: dict[int, list[int]] = {}
+    times: dict[int, list[float]] = {i: [] for i in range(len(prompts))}
 
     async def one(i: int) -> None:
-        together[i] = await generated(engine, prompts[i])
+        together[i] = await generated(engine, prompts[i], times=times[i])
 
     async with trio.open_nursery() as nursery:
         for i in range(len(prompts)):
             nursery.start_soon(one, i)
-    assert engine.stats.max_batch_size == 1  # one at a time, the others queued
+            await wait_until(lambda i=i: engine.stats.submitted > i, what="the submit")
+    # One at a time, in arrival order: each starts generating once the one
+    # before it has ended.
+    for i in (1, 2):
+        assert times[i][0] > times[i - 1][-1], i
     path = str(tiny_vlms / "mllama")
     for i in (0, 1):
         theirs = await trio.to_thread.run_sync(
             mlx_vlm_greedy, path, prompts[i].vision, prompts[i].tokens, 10
         )
         assert together[i] == theirs, i
-    assert prompts[2].vision is None and len(together[2]) == 10
-    assert together[2] == await generated(engine, prompts[2])  # alone: the same
+    # Without images the cross-attention layers are skipped, as transformers
+    # does: mlx-vlm's own generation with those layers' gates shut agrees.
+    assert prompts[2].vision is None
+    theirs = await trio.to_thread.run_sync(mllama_text_greedy, path, prompts[2].tokens, 10)
+    assert together[2] == theirs
     assert engine.stats.speculation.startswith("off: not on the serial path")
+    assert await engine.lookup(prompts[0].tokens) is None  # no prefix reuse for it
 
 
 async def test_a_hang_up_on_the_serial_path_lets_the_next_one_run(

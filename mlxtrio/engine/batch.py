@@ -58,7 +58,9 @@ def insert(
     ``vision`` (the prompt's images) matters only to the serial path, which
     encodes them itself."""
     if isinstance(gen, SerialGenerator):
-        prompt = [*prefix, *(token for segment in segments for token in segment)]
+        if cache is not None or prefix:  # Engine.lookup finds no match for it
+            raise ValueError("the serial path reuses no cached prefix")
+        prompt = [token for segment in segments for token in segment]
         guard = [join.guard] if join.guard else []
         return gen.add(prompt, vision, join.params.max_tokens, join.sampler, guard, join.stops)
     (uid,) = gen.insert_segments(

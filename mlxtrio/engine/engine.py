@@ -68,6 +68,10 @@ from .types import EngineStats, Entry, GenerationStats, LoadProgress, Match, Sam
 log = logging.getLogger("mlxtrio.engine")
 
 DRAIN_SETTLE = 1.0  # seconds cancelled sequences get to report, after a drain's grace
+# Seconds an unload waits for the engine thread: a healthy thread ends after
+# its current step (a big prefill chunk on a loaded machine takes seconds); a
+# wedged one is abandoned after this, and the next model gets a new thread.
+UNLOAD_JOIN = 15.0
 
 
 class Engine:
@@ -206,7 +210,9 @@ class Engine:
         """:meth:`drain`, then join the engine thread. Every handle still open
         afterwards gets its terminal event here. With ``unload`` the thread
         lets go of the model's weights and in-memory KV as it ends, and gives
-        the memory back to the system (the engine cannot serve again).
+        the memory back to the system (the engine cannot serve again); the
+        join then waits up to :data:`UNLOAD_JOIN` seconds, because the next
+        model loads into that memory and onto that thread.
 
         Safe to call more than once, and on an engine that failed to load.
         """
@@ -217,7 +223,9 @@ class Engine:
         self._commands.put(Shutdown())
         thread = self._thread
         # A failed world's thread may be blocked in a collective for good.
-        wait = 0.5 if self.supervisor.world_failed.is_set() else max(grace, 1.0)
+        wait = max(grace, UNLOAD_JOIN if unload else 1.0)
+        if self.supervisor.world_failed.is_set():
+            wait = 0.5
         with trio.move_on_after(wait):
             await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
         if thread.is_alive():

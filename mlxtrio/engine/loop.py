@@ -319,7 +319,8 @@ class EngineLoop:
         if not prefilling:
             self._pace_context = 0
             return 0
-        rows = min(len(prefilling), self.settings.capacity)
+        # The serial path prefills one sequence at a time (see .serial).
+        rows = 1 if self.loaded.serial else min(len(prefilling), self.settings.capacity)
         context = max(seq.context for seq in prefilling)
         decoding = len(prefilling) < len(self.live)
         chunk = self.pacer.chunk(context, rows, decoding)

@@ -89,6 +89,7 @@ def read_checkpoint(path: str, progress: LoadProgress | None = None) -> Checkpoi
     :mod:`.vision`); its weights read in slices, counted in ``progress``."""
     from mlx_lm import load
 
+    from .serial import SERIAL_TYPES
     from .vision import is_vision_checkpoint, local_config, read_vision_checkpoint, vision_support
 
     config = local_config(path)
@@ -96,6 +97,8 @@ def read_checkpoint(path: str, progress: LoadProgress | None = None) -> Checkpoi
         try:
             return read_vision_checkpoint(path, progress)
         except Exception as exc:  # an architecture mlx-vlm does not know, a bad processor
+            if config.get("model_type") in SERIAL_TYPES:
+                raise  # mlx-lm has no such language model: mlx-vlm's reason is the one
             log.warning(
                 "mlx-vlm could not load %s (%s): loading its language model alone", path, exc
             )
