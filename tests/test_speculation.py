@@ -21,7 +21,7 @@ import trio
 from mlxtrio.engine.batch import new_generator
 from mlxtrio.engine.model import load_model
 from mlxtrio.engine.speculation.drafts import WINDOW, PromptLookup
-from mlxtrio.engine.speculation.policy import MAX_DRAFT, RowDrafts, Switch
+from mlxtrio.engine.speculation.policy import MAX_DRAFT, RowDrafts, StepTimer, Switch
 from mlxtrio.engine.speculation.rollback import RaggedBatchKVCache
 from mlxtrio.engine.speculation.verify import Speculation
 from mlxtrio.settings import EMBEDDED_MODEL_PATH, Settings, SettingsError
@@ -95,13 +95,44 @@ def test_auto_narrows_then_stops_drafting_where_it_measures_slower() -> None:
 def test_auto_widens_drafts_again_where_they_pay() -> None:
     switch = Switch("auto")
     switch.observe(1, tokens=1, seconds=0.01, speculative=False)  # 100 tok/s
-    for _ in range(8):
+    for _ in range(16):
         switch.observe(1, tokens=1, seconds=0.02, speculative=True)  # slower: 8 -> 4
     assert switch.cap(1) == 4
     for _ in range(64):
         switch.observe(1, tokens=4, seconds=0.02, speculative=True)  # 200 tok/s
     assert switch.cap(1) == MAX_DRAFT
     assert Switch("on").cap(64) == MAX_DRAFT and not Switch("off").allows(1)
+
+
+def test_steps_are_timed_in_runs_without_their_first_step_or_other_work() -> None:
+    """Plain steps overlap the next one's compute, so a step is timed from its
+    start to the next's; a run's first step (it waits for, or leaves behind,
+    the other kind's work) and a window with a prefill in it do not count."""
+    now = [0.0]
+    switch = Switch("on")
+    timer = StepTimer(switch, clock=lambda: now[0])
+
+    def steps(n: int, width: int, speculative: bool, seconds: float, tokens: int) -> None:
+        for _ in range(n):
+            timer.begin(width, speculative)
+            timer.count(tokens)
+            now[0] += seconds
+
+    steps(1, 2, False, 5.0, 2)  # a run's first step: not counted
+    steps(9, 2, False, 0.02, 2)  # 100 tok/s; the 8-step window closes at the 10th
+    steps(1, 2, True, 0.5, 6)  # first of the speculative run: not counted
+    assert switch.rates[1].plain == pytest.approx(100.0)
+    steps(8, 2, True, 0.05, 10)  # 200 tok/s
+    steps(2, 2, True, 0.05, 10)  # the window closes as the first of these begins
+    assert switch.rates[1].speculative == pytest.approx(200.0)
+    timer.begin(2, True)
+    timer.count(10)
+    now[0] += 5.0  # a prefill chunk ran after that step
+    timer.spoil()
+    steps(6, 2, True, 0.05, 10)  # the window with the prefill (3 steps) is dropped
+    steps(1, 3, True, 0.05, 10)  # another width ends the run: its last 5 steps count
+    assert switch.rates[1].speculative == pytest.approx(200.0)
+    assert switch.rates[1].speculative_steps == 8 + 5
 
 
 def test_the_setting() -> None:

@@ -131,6 +131,7 @@ class EngineLoop:
                     # Before planning: a sequence that joins the batch now
                     # has its text prefill paced in this very step.
                     self._stage()
+                    self._interrupt_speculation()
                 chunk = self.schedule.agree(commands, self._plan() if serving else 0, self._report)
                 if not serving:
                     return
@@ -302,6 +303,8 @@ class EngineLoop:
             self._recover(exc)
             return
         self.stats.steps += 1
+        if timing.prompt_tokens:
+            self._interrupt_speculation()
         if timing.prompt_tokens and self._pace_context:
             self.pacer.observe(timing.prompt_tokens, timing.prompt_time, self._pace_context)
         deliveries = self._collect(prompt_responses, gen_responses)
@@ -389,6 +392,12 @@ class EngineLoop:
         return new_generator(
             self.loaded, s.capacity, s.default_max_tokens, s.max_prefill_chunk, self.speculation
         )
+
+    def _interrupt_speculation(self) -> None:
+        """Prefill or an image's encode ran beside decoding: the switch must
+        not count it in a step's time."""
+        if self.speculation is not None:
+            self.speculation.interrupt()
 
     def _may_draft(self, uid: int) -> bool:
         """Sequences no seed fixes whose processors take part (see

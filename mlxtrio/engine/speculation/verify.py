@@ -31,7 +31,6 @@ overlapped plain steps.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -40,7 +39,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from .drafts import PromptLookup
-from .policy import RowDrafts, Switch
+from .policy import RowDrafts, StepTimer, Switch
 from .rollback import ragged, trim_rows
 
 
@@ -62,10 +61,18 @@ class Speculation:
     # Whether a sequence may draft, asked once when it starts decoding.
     eligible: Callable[[int], bool]
     counts: dict[int, Counts] = field(default_factory=dict)
+    # Other work ran between two steps (the loop says so; see StepTimer).
+    interrupted: bool = False
 
     def take(self, uid: int) -> Counts:
         """The counts of a sequence that ended (zeros if it never drafted)."""
         return self.counts.pop(uid, None) or Counts()
+
+    def interrupt(self) -> None:
+        """Work other than the batch's steps (a prefill chunk, an image's
+        encode) runs before the next step: the step times around it say
+        nothing about decoding."""
+        self.interrupted = True
 
 
 @dataclass
@@ -85,6 +92,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._rows: dict[int, _Row] = {}
+        self._timer: StepTimer | None = None
         super().__init__(*args, **kwargs)
 
     def extend(self, batch: Any) -> None:
@@ -105,27 +113,32 @@ class SpeculativeGenerationBatch(GenerationBatch):
 
     def next(self) -> list[Any]:
         """One step: plain (mlx-lm's, overlapped with the next) when no row
-        has a draft; else a verifying step, or now and then a plain one
-        timed the same way (both wait for the pending tokens first, then for
-        their own), so that the switch compares like with like."""
+        has a draft or the switch asks for a plain one; else a verifying step.
+        Both are timed in runs by a :class:`~.policy.StepTimer`."""
         if not self.uids:
             return []
         switch, width = self.speculation.switch, len(self.uids)
         cap = switch.step_cap(width)
         limits = self._limits(cap) if cap else None
-        if limits is None:
-            return self._plain_step()
-        mx.eval(self._next_tokens)
-        started = time.perf_counter()
-        if switch.wants_plain_sample(width):
+        speculative = limits is not None and not switch.wants_plain_sample(width)
+        timer = self._step_timer()
+        timer.begin(width, speculative)
+        if limits is None or not speculative:
             responses = self._plain_step()
-            mx.eval(self._next_tokens)
-            switch.observe(width, len(responses), time.perf_counter() - started, False)
-            return responses
-        responses, verified = self._speculate(limits)
-        if verified:
-            switch.observe(width, len(responses), time.perf_counter() - started, True)
+        else:
+            responses, verified = self._speculate(limits)
+            if not verified:  # a plain step, but not overlapped: not like either
+                timer.spoil()
+        timer.count(len(responses))
         return responses
+
+    def _step_timer(self) -> StepTimer:
+        if self._timer is None:
+            self._timer = StepTimer(self.speculation.switch)
+        if self.speculation.interrupted:
+            self.speculation.interrupted = False
+            self._timer.spoil()
+        return self._timer
 
     # -- planning ----------------------------------------------------------------
 
