@@ -223,9 +223,8 @@ class Engine:
         self._commands.put(Shutdown())
         thread = self._thread
         # A failed world's thread may be blocked in a collective for good.
-        wait = max(grace, UNLOAD_JOIN if unload else 1.0)
-        if self.supervisor.world_failed.is_set():
-            wait = 0.5
+        failed = self.supervisor.world_failed.is_set()
+        wait = 0.5 if failed else max(grace, UNLOAD_JOIN if unload else 1.0)
         with trio.move_on_after(wait):
             await trio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
         if thread.is_alive():

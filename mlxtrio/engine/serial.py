@@ -58,10 +58,6 @@ class CrossKV:
     def fetch(self) -> tuple[mx.array, mx.array]:
         return self.keys, self.values
 
-    @property
-    def state(self) -> tuple[mx.array, mx.array]:
-        return self.keys, self.values
-
 
 @dataclass(frozen=True)
 class Features:
@@ -293,7 +289,8 @@ class SerialGenerator:
             # The vision tower: once, at the first chunk, outside the
             # prefill's timing (the pacer learns the text's speed).
             seq.features = self.model.attend(seq.prompt, seq.vision)
-            mx.eval([kv.state for kv in seq.features.kv.values()], seq.features.mask)
+            features = seq.features
+            mx.eval([kv.fetch() for kv in features.kv.values()], features.mask, features.rows)
         started = time.perf_counter()
         start = len(seq.tokens)
         end = min(len(seq.prompt), start + max(1, self.prefill_step_size))
