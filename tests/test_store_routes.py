@@ -121,7 +121,10 @@ async def test_delete_on_a_locked_sqlite_store_is_a_clear_error(
             locker.rollback()
             locker.close()
         assert_clear_503(r)
-        assert "busy" in r.json()["error"]["message"]
+        # Busy when the delete meets the lock; on a loaded machine the read
+        # before it may already miss the store's deadline: unavailable.
+        message = r.json()["error"]["message"]
+        assert "busy" in message or "the response store is unavailable" in message
         again = await client.delete(f"/v1/responses/{created['id']}")
     assert again.status_code == 200 and again.json()["deleted"] is True
 
