@@ -5,7 +5,9 @@ model, driven over real sockets."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -23,6 +25,26 @@ from mlxtrio.app import MlxtrioApp, create_app
 from mlxtrio.engine.engine import Engine, EngineState
 from mlxtrio.serving.services import Services
 from mlxtrio.settings import Settings
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End the test process here, its results reported: the session leaves
+    pooled engine threads (daemons) behind, and C++ teardown at interpreter
+    exit racing one of them inside MLX can abort the process (seen once, a
+    whole run passed: "terminate called without an active exception")."""
+    status = getattr(config, "_mlxtrio_exit_status", None)
+    if status is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config._mlxtrio_exit_status = int(exitstatus)  # type: ignore[attr-defined]
+
 
 MODEL = "mlxtrio-tiny"
 SCRIPTED = "scripted"
