@@ -15,11 +15,10 @@ verifying 9 tokens per row of 4 at that context 378-385 ms -> 216-263 ms,
 of 1 row 108-113 -> 68-75 ms; a decode step of 4 rows about the same.
 
 Not used (MLX's function is): under :data:`MIN_SCORES` scores, for more
-than :data:`MAX_QUERIES` queries (a
-prefill chunk: its scores do not stay in a core's cache, where a few passes
-of a polynomial cost more than MLX's one pass of its exp - measured, no
-gain), for a quantized KV cache, attention sinks, or another device (Metal
-keeps MLX's fused kernel). Fused with ``mx.compile`` it measured faster
+than :data:`MAX_QUERIES` queries (a prefill chunk: its scores do not stay
+in a core's cache, where a few passes of a polynomial cost more than MLX's
+one pass of its exp - measured, no gain), for a quantized KV cache,
+attention sinks, or another device (Metal keeps MLX's fused kernel). Fused with ``mx.compile`` it measured faster
 still, but a shapeless compile of it corrupted memory (mllama's
 cross-attention) and a compile per shape grows MLX's compile cache at every
 decode step, so it runs as plain MLX operations.
