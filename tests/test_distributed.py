@@ -222,11 +222,16 @@ async def test_a_lost_rank_fails_the_server_cleanly(
     assert 503 in seen and seen[-1] in (0, 503), seen
     assert any("response.failed" in line for line in lines), lines[-3:]
     # A dead rank's connections close: the ring backend or rank 0's doorbell
-    # says so, whichever rank 0 was using.
-    reason = "connection was lost" if how == "dies" else "no answer from the other ranks"
+    # says so, whichever rank 0 was using; unless rank 0 was inside one of the
+    # ring's collectives, which may wait on without noticing: then the
+    # watchdog's rank_timeout ends it, as it does for a rank that is silent.
+    reasons = ["no answer from the other ranks"]
+    if how == "dies":
+        reasons.append("connection was lost")
     errors = [line for line in log.splitlines() if "ERROR mlxtrio.engine" in line]
     assert errors and "shutting down" in errors[0], log[-2000:]
-    assert reason in errors[0].replace("connection to a peer was lost", "connection was lost")
+    error = errors[0].replace("connection to a peer was lost", "connection was lost")
+    assert any(reason in error for reason in reasons), error
     assert "Traceback" not in log
 
 

@@ -1,11 +1,12 @@
-"""Long streams: one that outlives Quart's default 60 s response timeout still
-ends with its terminal event (Codex fails with "stream closed before
+"""Long streams: one that outlives Quart's default response timeout (60 s)
+still ends with its terminal event (Codex fails with "stream closed before
 response.completed"), and a client that stops reading is dropped after the drain
 deadline instead of holding a slot forever."""
 
 from __future__ import annotations
 
 import pytest
+import quart
 import trio
 
 from .conftest import SCRIPTED, RawConnection, parse_sse, wait_until
@@ -18,12 +19,19 @@ async def drain(conn: RawConnection) -> None:
         pass
 
 
-@pytest.mark.slow
-async def test_stream_longer_than_60s_gets_its_terminal_event(
-    server_factory, scripted_model_path
+QUART_TIMEOUT = 3  # Quart's default response timeout in this test (really 60 s)
+
+
+async def test_stream_longer_than_quarts_response_timeout_gets_its_terminal_event(
+    server_factory, scripted_model_path, monkeypatch
 ) -> None:
+    # Quart's default, shortened so that the test runs in seconds: a server
+    # that left Quart's timeout on would cut both streams after 3 s.
+    defaults = quart.Quart.default_config
+    shortened = type(defaults)({**defaults, "RESPONSE_TIMEOUT": QUART_TIMEOUT})
+    monkeypatch.setattr(quart.Quart, "default_config", shortened)
     server = await server_factory(
-        model=scripted_model_path, model_name=SCRIPTED, capacity=1, sse_keepalive=5
+        model=scripted_model_path, model_name=SCRIPTED, capacity=1, sse_keepalive=0.5
     )
     holder = await RawConnection.open(server)
     await holder.post_json("/v1/responses", LOOP)
@@ -34,11 +42,11 @@ async def test_stream_longer_than_60s_gets_its_terminal_event(
     started = trio.current_time()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(drain, holder)  # a well-behaved client: keeps reading
-        await trio.sleep(62)  # meanwhile the waiter's stream stays open on keepalives
+        await trio.sleep(3 * QUART_TIMEOUT)  # meanwhile the waiter's stream stays open
         nursery.cancel_scope.cancel()
     await holder.close()
     raw = await waiter.read_until(b"event: response.completed", timeout=30)
-    assert trio.current_time() - started > 60
+    assert trio.current_time() - started > 3 * QUART_TIMEOUT
     assert raw.count(b": keepalive") >= 10
     events = parse_sse(raw.split(b"\r\n\r\n", 1)[1].decode())
     assert events[-1][0] == "response.completed"

@@ -4,8 +4,8 @@ WebSocket client is not Trio's) against the real server and scripted model."""
 
 from __future__ import annotations
 
+import json
 import logging
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -13,7 +13,10 @@ from typing import Any
 import openai
 import pytest
 import trio
+from websockets.client import ClientProtocol
 from websockets.exceptions import InvalidStatus
+from websockets.protocol import State
+from websockets.uri import parse_uri
 
 from .conftest import SCRIPTED, Server, wait_until
 from .schemas import OPENAI, load
@@ -275,11 +278,10 @@ async def test_a_silent_turn_sends_keepalives_and_processed_is_ignored(
     )
     engine = server.engine
 
-    def hog(connection: Any) -> None:
+    def hog(connection: Any) -> None:  # holds the slot for 4,000 tokens
         connection.response.create(model=SCRIPTED, input="LOOP", max_output_tokens=4000)
         for event in connection:
-            if event.type == "response.output_text.delta":
-                time.sleep(1.5)  # hold the slot while the other turn waits
+            if event.type in ("response.completed", "response.incomplete"):
                 return
 
     def waiter(connection: Any) -> Events:
@@ -343,3 +345,47 @@ async def test_a_warm_up_generates_one_token_at_most(scripted: Server) -> None:
         api_key="unused",
     )
     assert _final(events)["usage"]["output_tokens"] <= 1
+
+
+async def test_a_client_that_stops_reading_is_let_go_after_the_drain_deadline(
+    server_factory, scripted_model_path
+) -> None:
+    """As for an SSE stream: a turn whose messages wait ``sse_drain_timeout``
+    to be taken (the client stopped reading, the socket's buffers are full) is
+    cancelled, and its slot freed, instead of decoding for no one."""
+    server = await server_factory(
+        model=scripted_model_path, model_name=SCRIPTED, sse_drain_timeout=1
+    )
+    protocol = ClientProtocol(parse_uri(f"ws://{server.host}:{server.port}/v1/responses"))
+    # A small receive buffer, so that the server's sends back up within seconds.
+    sock = trio.socket.socket()
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+    await sock.connect((server.host, server.port))
+    stream = trio.SocketStream(sock)
+    received = b""
+
+    async def read_until(marker: bytes) -> None:
+        nonlocal received
+        with trio.fail_after(30):
+            while marker not in received:
+                received += await stream.receive_some(65536)
+
+    try:
+        protocol.send_request(protocol.connect())
+        await stream.send_all(b"".join(protocol.data_to_send()))
+        await read_until(b"\r\n\r\n")
+        protocol.receive_data(received)
+        assert protocol.state is State.OPEN, received
+        create = {"type": "response.create", "model": SCRIPTED, "input": "LOOP"}
+        protocol.send_text(json.dumps({**create, "max_output_tokens": 10**9}).encode())
+        await stream.send_all(b"".join(protocol.data_to_send()))
+        await read_until(b"response.output_text.delta")
+        # Stop reading: the buffers fill, a send stalls, the deadline fires.
+        engine = server.engine
+        await wait_until(lambda: engine.stats.cancelled == 1, timeout=60, what="drain deadline")
+        await wait_until(lambda: engine.active_sequences == 0, what="slot freed")
+    finally:
+        await stream.aclose()
+    async with server.client() as client:
+        r = await client.post("/v1/responses", json={"model": SCRIPTED, "input": "hi"})
+    assert r.json()["output_text"] == "Hello world."

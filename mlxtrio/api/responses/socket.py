@@ -19,9 +19,11 @@ next safepoint, as for an HTTP hang-up.
 it when a session starts): the prompt is prefilled (its KV is kept in the
 prefix cache) and the response, with no output, can be continued like any
 other. A turn that is silent for a while (queued, or prefilling a long prompt)
-sends ``{"type": "keepalive"}`` messages. ``response.processed`` messages
-(newer Codex versions) are ignored; other message types get an error event and
-the connection stays open.
+sends ``{"type": "keepalive"}`` messages. A client that stops reading is let
+go as an SSE client is: once a message has waited ``sse_drain_timeout``
+seconds to be queued for the socket, the turn is cancelled and the connection
+ends. ``response.processed`` messages (newer Codex versions) are ignored;
+other message types get an error event and the connection stays open.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from quart import Blueprint, websocket
 
 from ...http.access_log import AccessRecord
 from ...http.errors import ApiError, invalid_request
+from ...http.sse import CLIENT_GONE
 from ...jsontext import loads
 from ...serving.call import open_call_scope, services
 from ...serving.stream import produce
@@ -76,24 +79,76 @@ class Memory:
 class Connection:
     """One client's socket: its memory, and the one way events go out.
 
-    Sends are serialized (a keepalive may want to go out while the turn
-    sends). While a turn is silent - queued, or prefilling a long prompt - a
-    ``{"type": "keepalive"}`` message goes out every ``keepalive`` seconds:
-    Codex gives up on a turn after 5 minutes without a text message (protocol
-    pings do not count) and skips message types it does not know."""
+    Events go out through a small queue that one writer task drains into the
+    socket, in order. The turn never waits on the socket itself: hypercorn
+    shields its socket writes from cancellation, so a turn blocked in one
+    could not be stopped while the engine decoded on for a client that had
+    stopped reading. While a turn is silent - queued, or prefilling a long
+    prompt - a ``{"type": "keepalive"}`` message goes out every ``keepalive``
+    seconds: Codex gives up on a turn after 5 minutes without a text message
+    (protocol pings do not count) and skips message types it does not know."""
 
-    def __init__(self, keepalive: float) -> None:
+    def __init__(self, keepalive: float, drain_timeout: float, *, buffer: int = 16) -> None:
         self.memory = Memory()
         self._keepalive = keepalive
-        self._lock = trio.Lock()
+        self._drain_timeout = drain_timeout
+        self._queue, self._outgoing = trio.open_memory_channel[str](buffer)
         self._last_sent = trio.current_time()
+        self._stalled = False
+        self._queued = self._written = 0
+        self._progress = trio.Event()
+
+    async def write(self) -> None:
+        """Hand queued messages to the socket, for the connection's lifetime.
+
+        Cancellation takes effect between messages only: while the socket
+        cannot take one, this waits (shielded, in hypercorn) for the client to
+        read or to go away. Once the socket is broken, :meth:`send` raises."""
+        async with self._outgoing:
+            async for text in self._outgoing:
+                try:
+                    await websocket.send(text)
+                except CLIENT_GONE:
+                    return
+                self._written += 1
+                self._progress.set()
+                self._progress = trio.Event()
+
+    async def flush(self) -> None:
+        """Wait until every queued message was handed to the socket.
+
+        Raises as :meth:`send` does when that takes ``drain_timeout``
+        seconds."""
+        queued = self._queued
+        with trio.move_on_after(self._drain_timeout):
+            while self._written < queued:
+                await self._progress.wait()
+            return
+        self._stalled = True
+        raise trio.BrokenResourceError("the client stopped reading")
 
     async def send(self, data: dict[str, Any]) -> None:
-        """One event as one text message. Raises if the client is gone (the
-        handler is being cancelled then anyway)."""
-        async with self._lock:
-            await websocket.send(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+        """Queue one event as one text message.
+
+        Raises ``trio.BrokenResourceError`` (one of
+        :data:`~mlxtrio.http.sse.CLIENT_GONE`) when the queue stayed full for
+        ``drain_timeout`` seconds - the client stopped reading - and at once
+        for every send after that one."""
+        if self._stalled:
+            raise trio.BrokenResourceError("the client stopped reading")
+        text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        with trio.move_on_after(self._drain_timeout):
+            await self._queue.send(text)
+            self._queued += 1
             self._last_sent = trio.current_time()
+            return
+        self._stalled = True
+        raise trio.BrokenResourceError("the client stopped reading")
+
+    @property
+    def stalled(self) -> bool:
+        """Whether a send waited out the drain deadline."""
+        return self._stalled
 
     async def keep_alive(self) -> None:
         """Run beside a turn (cancelled with it)."""
@@ -115,7 +170,16 @@ IGNORED_MESSAGES = frozenset({"response.processed"})
 async def responses_socket() -> None:
     """Serve ``response.create`` messages until the client closes."""
     await websocket.accept()
-    connection = Connection(services().settings.sse_keepalive)
+    settings = services().settings
+    connection = Connection(settings.sse_keepalive, settings.sse_drain_timeout)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(connection.write)
+        await _serve(connection, settings.sse_drain_timeout)
+        nursery.cancel_scope.cancel()
+
+
+async def _serve(connection: Connection, drain_timeout: float) -> None:
+    """Run the client's turns, one at a time, until it goes away."""
     while True:
         message = await websocket.receive()
         try:
@@ -126,10 +190,28 @@ async def responses_socket() -> None:
             log.info("WebSocket turn refused: %s %s", exc.status, exc.message)
             connection.memory.forget()
             await connection.send(_error_event(exc))
-        except Exception:  # a bug: this turn fails, the connection goes on
+        except Exception as exc:
+            if _client_gone(exc):
+                if connection.stalled:
+                    log.warning(
+                        "WebSocket client stopped reading for %.0f s; its turn is "
+                        "cancelled and the connection dropped",
+                        drain_timeout,
+                    )
+                return
+            # A bug: this turn fails, the connection goes on.
             log.exception("WebSocket turn failed")
             connection.memory.forget()
             await connection.send(_error_event(SERVER_BUG))
+
+
+def _client_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` says only that the client is gone or stopped reading:
+    the turn's send and the keepalive beside it may both find out, and the
+    call's nursery then raises the two as a group."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(CLIENT_GONE)[1] is None
+    return isinstance(exc, CLIENT_GONE)
 
 
 async def _turn(body: dict[str, Any], connection: Connection) -> None:
@@ -168,6 +250,7 @@ async def _generate(run: ResponseTurn, connection: Connection) -> None:
         await connection.send(data)
 
     await produce(run.prepared, ResponseEvents(run, send, lambda: delivered))
+    await connection.flush()
     delivered = True
 
 
