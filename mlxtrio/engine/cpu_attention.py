@@ -2,26 +2,26 @@
 (engine thread).
 
 Why: on the CPU, ``mx.fast.scaled_dot_product_attention`` runs unfused (a
-matmul, a softmax, a matmul) and MLX's ``exp`` costs about 20-25 ns an
-element on x86-64 (a few multiply-adds cost well under 1 ns). At an agent's
-context lengths the softmax's exponentials are then much of a step: measured
-on a 2-core x86-64 VM, a batch of 4 rows at a 3,000-token context spends 2.7
-of a layer's 7.2 ms in ``exp`` decoding one token per row, and 24 of 31 ms
-scoring 9 (a speculative step). Here the softmax computes its exponentials
-with a polynomial (float32 to within a few ulp, the maximum subtracted first
-as always), and each group of query heads that shares its keys is scored in
-one matmul. Measured on that VM with the benchmarks' copier model: a step
-verifying 9 tokens per row of 4 at that context 378-385 ms -> 216-263 ms,
-of 1 row 108-113 -> 68-75 ms; a decode step of 4 rows about the same.
+matmul, a softmax, a matmul) and MLX's ``exp`` runs one element at a time on
+one core, about 20-25 ns an element on x86-64. At an agent's context lengths
+the softmax's exponentials are then most of a step. Here the softmax is
+NumPy's, whose ``exp`` is vectorized, and each group of query heads that
+shares its keys is scored in one matmul (MLX's, on the BLAS
+:mod:`mlxtrio.blas` gave it). Measured on a 2-core x86-64 VM with the
+benchmarks' copier model (8 layers, 8 query and 4 KV heads of 64) at a
+3,000-token context: a step verifying 9 tokens for each of 4 rows 139 ms
+with a polynomial ``exp`` in MLX operations (this module's previous
+softmax) -> 75 ms; a decode step of 8 rows 54 -> 43 ms; of 4 rows, which
+MLX's kernel computed before (under the previous :data:`MIN_SCORES`), 35 -> 31.
+
+The softmax evaluates the scores (the model's graph up to that layer):
+a step runs layer by layer on the CPU anyway. NumPy's matmul is not used:
+its own BLAS's threads, spinning after each call, took the cores from
+MLX's (a verification step 275 ms, median; 94 with one BLAS thread).
 
 Not used (MLX's function is): under :data:`MIN_SCORES` scores, for more
-than :data:`MAX_QUERIES` queries (a prefill chunk: its scores do not stay
-in a core's cache, where a few passes of a polynomial cost more than MLX's
-one pass of its exp - measured, no gain), for a quantized KV cache,
-attention sinks, or another device (Metal keeps MLX's fused kernel). Fused with ``mx.compile`` it measured faster
-still, but a shapeless compile of it corrupted memory (mllama's
-cross-attention) and a compile per shape grows MLX's compile cache at every
-decode step, so it runs as plain MLX operations.
+than :data:`MAX_QUERIES` queries (a prefill chunk), for a quantized KV
+cache, attention sinks, or another device (Metal keeps MLX's fused kernel).
 
 :func:`install` puts :func:`attention` in place of mlx-lm's (and mlx-vlm's)
 ``scaled_dot_product_attention`` in the model modules that call it.
@@ -34,46 +34,30 @@ from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 MAX_QUERIES = 16
-# Fewer scores than this are MLX's: its one call beats the polynomial's
-# two dozen operations (measured: one decode token at a 3,000-token context,
-# 8 heads, 24k scores a layer: 30-32 ms a step with MLX's, 35-38 with this;
-# 9 tokens, 216k scores: 108-113 -> 68-75 ms).
-MIN_SCORES = 128 * 1024
-_LOG2E = 1.4426950408889634
-# ln 2 in two parts (Cody-Waite): the remainder x - n ln2 stays exact in float32.
-_LN2_HIGH, _LN2_LOW = 0.693359375, -2.12194440e-4
-# e^r on [-ln2/2, ln2/2] (Cephes expf): 1 + r + r^2 * P(r).
-_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 0.5)
+# Fewer scores than this are MLX's: its one fused call costs less than the
+# conversions (measured: one row decoding at a 3,000-token context, 24k
+# scores a layer, the same either way; 4 rows, 96k, 35 -> 31 ms a step).
+MIN_SCORES = 32 * 1024
 _NAME = "scaled_dot_product_attention"
 _MODULES = ("mlx_lm.models.", "mlx_vlm.models.")
 
 
-def _exp(x: mx.array) -> mx.array:
-    """e^x for float32 ``x`` <= 0 (a softmax's shifted scores); what lies
-    under e^-87 (never a softmax's weight that counts) is 0."""
-    x = mx.maximum(x, -87.0)
-    n = mx.floor(x * _LOG2E + 0.5)
-    r = x - n * _LN2_HIGH - n * _LN2_LOW
-    p = mx.array(_P[0], mx.float32)
-    for c in _P[1:]:
-        p = p * r + c
-    p = p * (r * r) + r + 1.0
-    # 2^n written straight into a float's exponent bits.
-    return p * mx.view((n.astype(mx.int32) + 127) << 23, mx.float32)
-
-
 def _softmax(scores: mx.array, mask: Any) -> mx.array:
-    """The softmax of float32 ``scores`` over their last axis, ``mask`` applied."""
+    """The softmax of float32 ``scores`` over their last axis, ``mask``
+    applied, computed by NumPy. Evaluates ``scores`` and returns an evaluated
+    array; NumPy releases the GIL while it computes."""
+    weights = np.array(scores, dtype=np.float32)
     if mask is not None and mask.dtype == mx.bool_:
-        # The finite minimum, not -inf: a row with nothing visible (left
-        # padding) gets even weights instead of NaN, as MLX's own gives.
-        scores = mx.where(mask, scores, mx.finfo(mx.float32).min)
+        np.copyto(weights, np.finfo(np.float32).min, where=~np.asarray(mask))
     elif mask is not None:
-        scores = scores + mask.astype(mx.float32)
-    weights = _exp(scores - scores.max(axis=-1, keepdims=True))
-    return weights / weights.sum(axis=-1, keepdims=True)
+        weights += np.asarray(mask.astype(mx.float32))
+    weights -= weights.max(axis=-1, keepdims=True)
+    np.exp(weights, out=weights)
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return mx.array(weights)
 
 
 def _grouped_mask(mask: Any, batch: int, kv_heads: int, rep: int, queries: int, keys: int) -> Any:
