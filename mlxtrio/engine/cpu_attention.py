@@ -54,9 +54,10 @@ def _softmax(scores: mx.array, mask: Any) -> mx.array:
         np.copyto(weights, np.finfo(np.float32).min, where=~np.asarray(mask))
     elif mask is not None:
         weights += np.asarray(mask.astype(mx.float32))
-    weights -= weights.max(axis=-1, keepdims=True)
-    np.exp(weights, out=weights)
-    weights /= weights.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):  # a row an additive -inf mask hides: NaN, as MLX's
+        weights -= weights.max(axis=-1, keepdims=True)
+        np.exp(weights, out=weights)
+        weights /= weights.sum(axis=-1, keepdims=True)
     return mx.array(weights)
 
 

@@ -21,8 +21,9 @@ prefix cache) and the response, with no output, can be continued like any
 other. A turn that is silent for a while (queued, or prefilling a long prompt)
 sends ``{"type": "keepalive"}`` messages. A client that stops reading is let
 go as an SSE client is: once a message has waited ``sse_drain_timeout``
-seconds to be queued for the socket, the turn is cancelled and the connection
-ends. ``response.processed`` messages (newer Codex versions) are ignored;
+seconds to be queued for the socket, the turn is cancelled (its slot freed at
+the engine's next safepoint) and the socket closes once its pending write
+ends (hypercorn's writes cannot be interrupted: the client reads, or goes). ``response.processed`` messages (newer Codex versions) are ignored;
 other message types get an error event and the connection stays open.
 """
 
@@ -76,6 +77,10 @@ class Memory:
         self.chain = []
 
 
+class ClientGone(trio.BrokenResourceError):
+    """The client stopped reading, or its socket is broken: its turn ends."""
+
+
 class Connection:
     """One client's socket: its memory, and the one way events go out.
 
@@ -92,58 +97,64 @@ class Connection:
         self.memory = Memory()
         self._keepalive = keepalive
         self._drain_timeout = drain_timeout
-        self._queue, self._outgoing = trio.open_memory_channel[str](buffer)
+        # Text messages, and flush() markers the writer sets when it reaches them.
+        self._queue, self._outgoing = trio.open_memory_channel[str | trio.Event](buffer)
         self._last_sent = trio.current_time()
         self._stalled = False
-        self._queued = self._written = 0
-        self._progress = trio.Event()
+        self._gone = False
 
     async def write(self) -> None:
         """Hand queued messages to the socket, for the connection's lifetime.
 
         Cancellation takes effect between messages only: while the socket
         cannot take one, this waits (shielded, in hypercorn) for the client to
-        read or to go away. Once the socket is broken, :meth:`send` raises."""
-        async with self._outgoing:
-            async for text in self._outgoing:
+        read or to go away. Once the socket is broken, what is queued is
+        dropped and :meth:`send` and :meth:`flush` raise."""
+        async for item in self._outgoing:
+            if isinstance(item, trio.Event):
+                item.set()
+            elif not self._gone:
                 try:
-                    await websocket.send(text)
+                    await websocket.send(item)
                 except CLIENT_GONE:
-                    return
-                self._written += 1
-                self._progress.set()
-                self._progress = trio.Event()
-
-    async def flush(self) -> None:
-        """Wait until every queued message was handed to the socket.
-
-        Raises as :meth:`send` does when that takes ``drain_timeout``
-        seconds."""
-        queued = self._queued
-        with trio.move_on_after(self._drain_timeout):
-            while self._written < queued:
-                await self._progress.wait()
-            return
-        self._stalled = True
-        raise trio.BrokenResourceError("the client stopped reading")
+                    self._gone = True
 
     async def send(self, data: dict[str, Any]) -> None:
         """Queue one event as one text message.
 
-        Raises ``trio.BrokenResourceError`` (one of
-        :data:`~mlxtrio.http.sse.CLIENT_GONE`) when the queue stayed full for
+        Raises :class:`ClientGone` when the queue stayed full for
         ``drain_timeout`` seconds - the client stopped reading - and at once
-        for every send after that one."""
-        if self._stalled:
-            raise trio.BrokenResourceError("the client stopped reading")
-        text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        for every send after that one, or once the socket is broken."""
+        self._check()
+        await self._put(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+        self._last_sent = trio.current_time()
+
+    async def flush(self) -> None:
+        """Wait until every message queued so far was handed to the socket.
+
+        Raises as :meth:`send` does, the deadline counting from here."""
+        self._check()
+        marker = trio.Event()
         with trio.move_on_after(self._drain_timeout):
-            await self._queue.send(text)
-            self._queued += 1
-            self._last_sent = trio.current_time()
+            await self._queue.send(marker)
+            await marker.wait()
+            self._check()
             return
         self._stalled = True
-        raise trio.BrokenResourceError("the client stopped reading")
+        raise ClientGone("the client stopped reading")
+
+    async def _put(self, item: str) -> None:
+        with trio.move_on_after(self._drain_timeout):
+            await self._queue.send(item)
+            return
+        self._stalled = True
+        raise ClientGone("the client stopped reading")
+
+    def _check(self) -> None:
+        if self._stalled:
+            raise ClientGone("the client stopped reading")
+        if self._gone:
+            raise ClientGone("the client is gone")
 
     @property
     def stalled(self) -> bool:
@@ -183,26 +194,37 @@ async def _serve(connection: Connection, drain_timeout: float) -> None:
     while True:
         message = await websocket.receive()
         try:
-            body = _create_body(message)
-            if body is not None:
-                await _turn(body, connection)
-        except ApiError as exc:
-            log.info("WebSocket turn refused: %s %s", exc.status, exc.message)
-            connection.memory.forget()
-            await connection.send(_error_event(exc))
+            await _answer(message, connection)
         except Exception as exc:
-            if _client_gone(exc):
-                if connection.stalled:
-                    log.warning(
-                        "WebSocket client stopped reading for %.0f s; its turn is "
-                        "cancelled and the connection dropped",
-                        drain_timeout,
-                    )
-                return
-            # A bug: this turn fails, the connection goes on.
-            log.exception("WebSocket turn failed")
-            connection.memory.forget()
-            await connection.send(_error_event(SERVER_BUG))
+            if not _client_gone(exc):
+                raise
+            if connection.stalled:
+                log.warning(
+                    "WebSocket client stopped reading for %.0f s; its turn is cancelled, "
+                    "the socket closes once its pending write ends",
+                    drain_timeout,
+                )
+            return
+
+
+async def _answer(message: str | bytes, connection: Connection) -> None:
+    """One message: a turn, nothing, or an error event. Raises only
+    :class:`ClientGone` (perhaps grouped)."""
+    try:
+        body = _create_body(message)
+        if body is not None:
+            await _turn(body, connection)
+    except ApiError as exc:
+        log.info("WebSocket turn refused: %s %s", exc.status, exc.message)
+        connection.memory.forget()
+        await connection.send(_error_event(exc))
+    except Exception as exc:
+        if _client_gone(exc):
+            raise
+        # A bug: this turn fails, the connection goes on.
+        log.exception("WebSocket turn failed")
+        connection.memory.forget()
+        await connection.send(_error_event(SERVER_BUG))
 
 
 def _client_gone(exc: BaseException) -> bool:
@@ -210,8 +232,8 @@ def _client_gone(exc: BaseException) -> bool:
     the turn's send and the keepalive beside it may both find out, and the
     call's nursery then raises the two as a group."""
     if isinstance(exc, BaseExceptionGroup):
-        return exc.split(CLIENT_GONE)[1] is None
-    return isinstance(exc, CLIENT_GONE)
+        return exc.split(ClientGone)[1] is None
+    return isinstance(exc, ClientGone)
 
 
 async def _turn(body: dict[str, Any], connection: Connection) -> None:
