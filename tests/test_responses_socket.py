@@ -389,3 +389,33 @@ async def test_a_client_that_stops_reading_is_let_go_after_the_drain_deadline(
     async with server.client() as client:
         r = await client.post("/v1/responses", json={"model": SCRIPTED, "input": "hi"})
     assert r.json()["output_text"] == "Hello world."
+
+
+async def test_a_broken_channel_inside_a_turn_is_a_bug_not_a_hang_up(
+    scripted: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the connection's own ClientGone ends the connection quietly: a
+    BrokenResourceError from elsewhere in a turn (a bug) gets the error event
+    and the connection goes on."""
+    from mlxtrio.api.responses import socket
+
+    real = socket._respond
+    calls = 0
+
+    async def broken_once(body: Any, connection: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise trio.BrokenResourceError("an internal channel")
+        await real(body, connection)
+
+    monkeypatch.setattr(socket, "_respond", broken_once)
+
+    def script(connection: Any) -> tuple[Events, Events]:
+        connection.response.create(model=SCRIPTED, input="Hi!")
+        failed = [next(iter(connection)).to_dict()]
+        return failed, _turn(connection, model=SCRIPTED, input="Hi!")
+
+    failed, second = await _session(scripted, script, api_key="unused")
+    assert failed[0]["type"] == "error" and failed[0]["status"] == 500
+    assert _final(second)["output_text"] == "Hello world."
