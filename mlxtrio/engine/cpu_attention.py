@@ -41,6 +41,7 @@ MAX_QUERIES = 16
 # conversions (measured: one row decoding at a 3,000-token context, 24k
 # scores a layer, the same either way; 4 rows, 96k, 35 -> 31 ms a step).
 MIN_SCORES = 32 * 1024
+_MASKED = np.finfo(np.float32).min
 _NAME = "scaled_dot_product_attention"
 _MODULES = ("mlx_lm.models.", "mlx_vlm.models.")
 
@@ -51,7 +52,9 @@ def _softmax(scores: mx.array, mask: Any) -> mx.array:
     array; NumPy releases the GIL while it computes."""
     weights = np.array(scores, dtype=np.float32)
     if mask is not None and mask.dtype == mx.bool_:
-        np.copyto(weights, np.finfo(np.float32).min, where=~np.asarray(mask))
+        # The finite minimum, not -inf: a row with nothing visible (left
+        # padding) gets even weights instead of NaN, as MLX's own gives.
+        np.copyto(weights, _MASKED, where=~np.asarray(mask))
     elif mask is not None:
         weights += np.asarray(mask.astype(mx.float32))
     with np.errstate(invalid="ignore"):  # a row an additive -inf mask hides: NaN, as MLX's

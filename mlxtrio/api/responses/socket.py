@@ -23,8 +23,9 @@ sends ``{"type": "keepalive"}`` messages. A client that stops reading is let
 go as an SSE client is: once a message has waited ``sse_drain_timeout``
 seconds to be queued for the socket, the turn is cancelled (its slot freed at
 the engine's next safepoint) and the socket closes once its pending write
-ends (hypercorn's writes cannot be interrupted: the client reads, or goes). ``response.processed`` messages (newer Codex versions) are ignored;
-other message types get an error event and the connection stays open.
+ends (hypercorn's writes cannot be interrupted: the client reads, or goes).
+``response.processed`` messages (newer Codex versions) are ignored; other
+message types get an error event and the connection stays open.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ class Connection:
     def __init__(self, keepalive: float, drain_timeout: float, *, buffer: int = 16) -> None:
         self.memory = Memory()
         self._keepalive = keepalive
-        self._drain_timeout = drain_timeout
+        self.drain_timeout = drain_timeout
         # Text messages, and flush() markers the writer sets when it reaches them.
         self._queue, self._outgoing = trio.open_memory_channel[str | trio.Event](buffer)
         self._last_sent = trio.current_time()
@@ -125,27 +126,24 @@ class Connection:
         Raises :class:`ClientGone` when the queue stayed full for
         ``drain_timeout`` seconds - the client stopped reading - and at once
         for every send after that one, or once the socket is broken."""
-        self._check()
-        await self._put(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+        await self._deliver(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
         self._last_sent = trio.current_time()
 
     async def flush(self) -> None:
         """Wait until every message queued so far was handed to the socket.
 
         Raises as :meth:`send` does, the deadline counting from here."""
-        self._check()
-        marker = trio.Event()
-        with trio.move_on_after(self._drain_timeout):
-            await self._queue.send(marker)
-            await marker.wait()
-            self._check()
-            return
-        self._stalled = True
-        raise ClientGone("the client stopped reading")
+        await self._deliver(trio.Event())
 
-    async def _put(self, item: str) -> None:
-        with trio.move_on_after(self._drain_timeout):
+    async def _deliver(self, item: str | trio.Event) -> None:
+        """Queue ``item``; for a flush marker, also wait until the writer
+        reaches it. Both within one drain deadline."""
+        self._check()
+        with trio.move_on_after(self.drain_timeout):
             await self._queue.send(item)
+            if isinstance(item, trio.Event):
+                await item.wait()
+                self._check()
             return
         self._stalled = True
         raise ClientGone("the client stopped reading")
@@ -185,11 +183,11 @@ async def responses_socket() -> None:
     connection = Connection(settings.sse_keepalive, settings.sse_drain_timeout)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(connection.write)
-        await _serve(connection, settings.sse_drain_timeout)
+        await _serve(connection)
         nursery.cancel_scope.cancel()
 
 
-async def _serve(connection: Connection, drain_timeout: float) -> None:
+async def _serve(connection: Connection) -> None:
     """Run the client's turns, one at a time, until it goes away."""
     while True:
         message = await websocket.receive()
@@ -202,7 +200,7 @@ async def _serve(connection: Connection, drain_timeout: float) -> None:
                 log.warning(
                     "WebSocket client stopped reading for %.0f s; its turn is cancelled, "
                     "the socket closes once its pending write ends",
-                    drain_timeout,
+                    connection.drain_timeout,
                 )
             return
 
