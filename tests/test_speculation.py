@@ -21,7 +21,13 @@ import trio
 from mlxtrio.engine.batch import new_generator
 from mlxtrio.engine.model import load_model
 from mlxtrio.engine.speculation.drafts import WINDOW, PromptLookup
-from mlxtrio.engine.speculation.policy import MAX_DRAFT, RowDrafts, StepTimer, Switch
+from mlxtrio.engine.speculation.policy import (
+    MAX_DRAFT,
+    START_CAP,
+    RowDrafts,
+    StepTimer,
+    Switch,
+)
 from mlxtrio.engine.speculation.rollback import RaggedBatchKVCache
 from mlxtrio.engine.speculation.verify import Speculation
 from mlxtrio.settings import EMBEDDED_MODEL_PATH, Settings, SettingsError
@@ -86,22 +92,47 @@ def test_auto_narrows_then_stops_drafting_where_it_measures_slower() -> None:
     while switch.allows(4):
         caps.append(switch.cap(4))
         switch.observe(4, tokens=5, seconds=0.02, speculative=True)  # 250 tok/s
-    assert sorted(set(caps), reverse=True) == [MAX_DRAFT, 4, 2, 1]
-    assert switch.allows(1) and switch.cap(1) == MAX_DRAFT  # other widths unaffected
+    assert sorted(set(caps), reverse=True) == [START_CAP, 2, 1]
+    assert switch.allows(1) and switch.cap(1) == START_CAP  # other widths unaffected
     assert [switch.step_cap(4) for _ in range(256)] == [0] * 256
     assert switch.step_cap(4) == 2  # measured again after the cool-down
+    for _ in range(64):  # still slower (at 2, then 1): a longer rest
+        switch.observe(4, tokens=5, seconds=0.02, speculative=True)
+    assert [switch.step_cap(4) for _ in range(512)] == [0] * 512
+    assert switch.step_cap(4) == 2
 
 
-def test_auto_widens_drafts_again_where_they_pay() -> None:
+def test_auto_skips_caps_its_drafts_never_reached() -> None:
+    """Halving a cap cannot help a width whose drafts are one token long
+    (text that copies nothing): it stops drafting at once."""
     switch = Switch("auto")
-    switch.observe(1, tokens=1, seconds=0.01, speculative=False)  # 100 tok/s
-    for _ in range(16):
-        switch.observe(1, tokens=1, seconds=0.02, speculative=True)  # slower: 8 -> 4
-    assert switch.cap(1) == 4
-    for _ in range(64):
-        switch.observe(1, tokens=4, seconds=0.02, speculative=True)  # 200 tok/s
-    assert switch.cap(1) == MAX_DRAFT
-    assert Switch("on").cap(64) == MAX_DRAFT and not Switch("off").allows(1)
+    switch.observe(8, tokens=8, seconds=0.05, speculative=False)
+    for _ in range(32):
+        switch.observe(8, tokens=8, seconds=0.08, speculative=True, longest=1)
+    assert not switch.allows(8)
+
+
+@pytest.mark.parametrize(
+    "rates, best",
+    [
+        # A CPU at a wide batch: each drafted position costs a lot.
+        ({1: 150.0, 2: 200.0, 4: 170.0, 8: 120.0}, 2),
+        # A GPU: verifying is nearly free, the longest drafts pay most.
+        ({1: 120.0, 2: 150.0, 4: 200.0, 8: 260.0}, 8),
+    ],
+)
+def test_auto_climbs_to_the_cap_that_measures_fastest(rates: dict[int, float], best: int) -> None:
+    switch = Switch("auto")
+    switch.observe(4, tokens=400, seconds=4.0, speculative=False)  # 100 tok/s
+    held = []
+    for _ in range(300):
+        cap = switch.step_cap(4)
+        held.append(cap)
+        for _ in range(8):  # a window of steps whose drafts reach the cap
+            switch.observe(4, tokens=round(rates[cap]), seconds=1.0, speculative=True, longest=cap)
+    later = held[100:]
+    assert max(set(later), key=later.count) == best
+    assert later.count(best) > 0.75 * len(later)  # others tried now and then, not kept
 
 
 def test_steps_are_timed_in_runs_without_their_first_step_or_other_work() -> None:
@@ -115,7 +146,7 @@ def test_steps_are_timed_in_runs_without_their_first_step_or_other_work() -> Non
     def steps(n: int, width: int, speculative: bool, seconds: float, tokens: int) -> None:
         for _ in range(n):
             timer.begin(width, speculative)
-            timer.count(tokens)
+            timer.count(tokens, drafted=4 if speculative else 0)
             now[0] += seconds
 
     steps(1, 2, False, 5.0, 2)  # a run's first step: not counted
@@ -133,6 +164,14 @@ def test_steps_are_timed_in_runs_without_their_first_step_or_other_work() -> Non
     steps(1, 3, True, 0.05, 10)  # another width ends the run: its last 5 steps count
     assert switch.rates[1].speculative == pytest.approx(200.0)
     assert switch.rates[1].speculative_steps == 8 + 5
+    assert switch.rates[1].longest == 4
+    # Steps allowed to draft where no row had a draft: they say nothing.
+    for _ in range(10):
+        timer.begin(3, True)
+        timer.count(3, drafted=0)
+        now[0] += 0.05
+    timer.begin(4, False)
+    assert 2 not in switch.rates
 
 
 def test_the_setting() -> None:

@@ -373,6 +373,54 @@ async def test_greedy_output_is_the_same_batched_and_alone(
     assert server.engine.stats.max_batch_size >= 2
 
 
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+async def test_speculation_on_a_vision_model_changes_no_token(
+    server_factory: ServerFactory, tiny_vlms: Path, family: str
+) -> None:
+    """Rows with pictures of different sizes (M-RoPE positions of their own,
+    ragged rows), drafting and rolled back each on its own: the same greedy
+    tokens as without drafts."""
+    seeds = [1, None, 2, 3]
+
+    async def answers(speculation: str) -> tuple[list[str], Any]:
+        server = await vlm_server(
+            server_factory, tiny_vlms, family, speculation=speculation, prefix_cache_bytes=0
+        )
+        texts: dict[int, str] = {}
+
+        async def one(i: int) -> None:
+            content: list[dict[str, Any]] = [{"type": "text", "text": f"Say what you see {i}."}]
+            if seeds[i] is not None:
+                content.append(image_block(picture(seeds[i], (112 + 28 * seeds[i], 168))))
+            message = await server.anthropic().messages.create(
+                model="vlm",
+                max_tokens=48,  # greedy: no temperature given
+                messages=[{"role": "user", "content": content}],  # type: ignore[typeddict-item]
+            )
+            texts[i] = "".join(b.text for b in message.content if b.type == "text")
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(seeds)):
+                nursery.start_soon(one, i)
+        return [texts[i] for i in range(len(seeds))], server.engine.stats
+
+    drafted, stats = await answers("on")
+    assert stats.speculation == "on" and stats.draft_tokens > 0
+    assert stats.accepted_tokens > 0  # random weights repeat themselves
+    plain, _ = await answers("off")
+    assert drafted == plain
+
+
+async def test_a_vision_model_with_sliding_windows_does_not_draft(
+    server_factory: ServerFactory, tiny_vlms: Path
+) -> None:
+    server = await vlm_server(server_factory, tiny_vlms, "gemma3", speculation="on")
+    assert server.engine.stats.speculation.startswith("off: ")
+    async with server.client() as client:
+        health = (await client.get("/health")).json()
+    assert "cannot roll back" in health["models"][0]["speculation"]["reason"]
+
+
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
 async def test_the_engine_generates_what_mlx_vlm_generates(
     server_factory: ServerFactory, tiny_vlms: Path, family: str

@@ -56,14 +56,15 @@ from .distributed.ranks import RankPlan, open_ranks, resolved_capacity
 from .distributed.world import SOLO, Link, World
 from .handle import EngineError, EngineUnavailable, GenerationHandle, LiveHandles
 from .image_tokens import KEY_BASE, VisionPrompt
-from .loop import EngineLoop, HandleEvent, LoopSettings
+from .loop import EngineLoop, LoopSettings
 from .memory import release_buffers
 from .model import LoadedModel, load_model
+from .outbox import TrioOutbox
 from .schedule import LocalSchedule, Schedule
 from .sizing import MIN_CAPACITY
 from .supervisor import EngineState, Supervisor
 from .threads import EngineThread
-from .types import EngineStats, Entry, GenerationStats, LoadProgress, Match, SamplingParams
+from .types import EngineStats, GenerationStats, LoadProgress, Match, SamplingParams
 
 log = logging.getLogger("mlxtrio.engine")
 
@@ -316,7 +317,7 @@ class Engine:
         self._commands.put(Cancel(handle))
 
     # ------------------------------------------------------------------
-    # Called on the Trio thread by the engine thread (see _Outbox)
+    # Called on the Trio thread by the engine thread (see .outbox)
 
     def _on_serving(self) -> None:
         if self.state is EngineState.LOADING:
@@ -376,7 +377,7 @@ class Engine:
             loop = EngineLoop(
                 self.loaded,
                 schedule,
-                _Outbox(self),
+                TrioOutbox(self._post, self._live, self.cache.index),
                 self._loop_settings,
                 self.cache.kv,
                 self.stats,
@@ -427,25 +428,6 @@ class Engine:
         self._size_batch(opened.plan.loop.capacity)
         self.leader = LeaderSchedule(self._commands, link, opened.doorbell)
         return self.leader
-
-
-class _Outbox:
-    """The engine thread's way back to the Trio thread (see :class:`.loop.Outbox`)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    def deliver(self, deliveries: list[HandleEvent]) -> None:
-        self._engine._post(self._engine._live.deliver, deliveries)
-
-    def snapshot(self, entry: Entry) -> None:
-        self._engine._post(self._engine.cache.index.add, entry)
-
-    def release(self, match: Match) -> None:
-        self._engine._post(self._engine.cache.index.release, match)
-
-    def shared(self, handle: GenerationHandle) -> None:
-        self._engine._post(handle.kv_ready.set)
 
 
 __all__ = [

@@ -2,9 +2,10 @@
 time, events out.
 
 Everything here runs on the engine thread and owns the MLX state of the running
-sequences. It talks to the Trio side only through the :class:`Outbox` (a step's
-events go in one ``run_sync_soon``; a new snapshot or a released prefix match in
-one each) and reads commands from a queue at the *safepoint* between two steps.
+sequences. It talks to the Trio side only through an :class:`~.outbox.Outbox`
+(a step's events go in one ``run_sync_soon``; a new snapshot or a released prefix
+match in one each) and reads commands from a queue at the *safepoint* between
+two steps.
 
 Fault isolation, from the narrowest to the widest:
 
@@ -32,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from .batch import drop_queued, hand_over_queue, insert, new_generator
 from .cache.snapshots import KVTiers, Snapshots
@@ -40,6 +41,7 @@ from .commands import Cancel, Command, Drop, ForgetDisk, Share, Shutdown, Submit
 from .handle import GenerationHandle
 from .memory import release_buffers
 from .model import LoadedModel
+from .outbox import HandleEvent, Outbox
 from .pacing import PrefillPacer
 from .processors.assembly import ProcessorFactory
 from .processors.sampling import normalized, sampler_for
@@ -47,21 +49,10 @@ from .schedule import Schedule
 from .sequence import LiveSequence, SequenceGuard, finish_stats
 from .speculation.setup import settle_counts, speculation_for
 from .staging import STAGED, Join, Staged, advance_for_a_step
-from .types import EngineStats, Entry, GenerationEvent, GenerationStats, Match
+from .types import EngineStats, GenerationEvent, GenerationStats
 from .vision import VisionPrefill, VisionTextModel
 
 log = logging.getLogger("mlxtrio.engine")
-
-HandleEvent = tuple[GenerationHandle, GenerationEvent]
-
-
-class Outbox(Protocol):
-    """What the loop hands to the Trio thread (each call is one ``run_sync_soon``)."""
-
-    def deliver(self, deliveries: list[HandleEvent]) -> None: ...
-    def snapshot(self, entry: Entry) -> None: ...
-    def release(self, match: Match) -> None: ...
-    def shared(self, handle: GenerationHandle) -> None: ...
 
 
 @dataclass

@@ -30,7 +30,8 @@ from typing import Any
 
 from ..cache.snapshots import KVTiers
 from ..handle import GenerationHandle
-from ..loop import EngineLoop, HandleEvent
+from ..loop import EngineLoop
+from ..outbox import HandleEvent
 from ..processors.grammar_masks import compile_grammar
 from ..types import EngineStats, Entry, Match
 from .lockstep import FollowerSchedule

@@ -9,22 +9,29 @@ while serving:
 * :class:`RowDrafts`: a row drafts up to ``k`` tokens; ``k`` grows while whole
   drafts are accepted and shrinks to just past what was accepted; a row whose
   drafts keep failing pauses, longer each time;
-* :class:`StepTimer`: the generated tokens per second of runs of like steps
-  (plain or speculative, one batch width), timed from one step's start to the
-  next's, so that what a rate includes is what serving pays: mlx-lm's plain
-  steps overlap their host work with the next step's compute, speculative
-  steps cannot, and the first step of a run (which waits for the other kind's
-  work) is not counted;
+* :class:`StepTimer`: the generated tokens per second of runs of steps taken
+  in one mode (drafting allowed, or plain only) at one batch width, timed from
+  one step's start to the next's, so that what a rate includes is what serving
+  pays: mlx-lm's plain steps overlap their host work with the next step's
+  compute, a verifying step cannot, and a drafting run mixes both (steps where
+  no row has a draft stay plain): a verifying step now and then also costs
+  the overlap of the plain steps around it. The first step of a run (which
+  waits for the other mode's work) is not counted, nor a drafting window in
+  which no step verified (it says nothing about drafts);
 * :class:`Switch`: for each batch width (in buckets), moving averages of those
   rates, and a cap on every row's draft at that width. A verification step's
   cost grows with the tokens it scores: little on a GPU (decode is
-  memory-bound), a lot on a CPU at a long context. So in ``auto``, where a
-  width's speculative steps measure slower than its plain ones, its cap halves
-  (8, 4, 2, 1); slower still at 1, the width stops drafting for a while, then
-  measures again from 2; where they measure well ahead, the cap is tried
-  doubled now and then. Plain steps are measured where they happen and, while
-  every step could draft, in a short run of plain steps now and then. The
-  decision follows the machine.
+  memory-bound), a lot on a CPU, where a long vocabulary or context makes a
+  step compute-bound, and every row of a step verifies as many positions as
+  its longest draft. So in ``auto`` each width climbs to its best cap: it
+  starts at 4; where its drafting runs pay, a neighbouring cap (half or
+  double) is tried now and then, and the faster of the two kept; where they
+  measure slower than its plain runs, the cap halves (from below the longest
+  draft it verified, so a cap its drafts never reached is skipped); slower
+  still at 1, the width stops drafting for a while, longer each time in a row
+  (up to :data:`_MAX_COOLDOWN` steps), then measures again from 2. Plain
+  steps are measured in a short run of plain steps now and then. The decision
+  follows the machine.
 """
 
 from __future__ import annotations
@@ -39,19 +46,25 @@ log = logging.getLogger("mlxtrio.engine")
 MODES = ("auto", "on", "off")
 MAX_DRAFT = 8
 START_DRAFT = 4
+START_CAP = 4  # a width's first cap: one halving or doubling from either end
 _PAUSE_AFTER_MISSES = 3  # fully rejected drafts in a row before a row pauses
 _MAX_PAUSE = 64  # steps
-_ALPHA = 0.1  # moving-average weight of one step
-_EXPLORE_STEPS = 16  # speculative steps measured before a width's rate is trusted
-_COOLDOWN_STEPS = 256  # steps before a losing width is measured again
+# Moving-average weight of one step, once a rate is known: small, for a window
+# of steps measures a rate to within tens of percent (what the rows copy
+# changes from step to step) and the switch follows the machine, not the text
+# (each row pauses its own drafts where its text stops copying).
+_ALPHA = 0.02
+_EXPLORE_STEPS = 32  # speculative steps measured (as one average) before a width's rate is trusted
+_COOLDOWN_STEPS = 256  # steps before a losing width is measured again ...
+_MAX_COOLDOWN = 2048  # ... doubling while it keeps losing, up to this
 _PLAIN_SAMPLES = 4  # measured plain steps before a width's plain rate is trusted
 _PLAIN_EVERY = 64  # then a run of plain steps per this many speculative ones
 _PLAIN_RUN = 6  # steps in such a run (its first is not measured)
 # Drafting must beat plain steps by this much to be kept: less is within what
 # two rates measured moments apart differ by on a shared machine.
 _MARGIN = 1.05
-_AHEAD = 1.2  # speculative steps this much faster still: wider drafts may pay
-_PROBE_STEPS = 64  # speculative steps at one cap before trying a wider one
+_PROBE_STEPS = 96  # speculative steps at one cap before trying a neighbour ...
+_MAX_PROBE_STEPS = 768  # ... doubling while the tries lose, up to this
 _WINDOW = 8  # steps per measurement of a run
 _MIN_WINDOW = 3  # fewer measured steps say too little (a run cut short)
 
@@ -87,18 +100,104 @@ class RowDrafts:
 
 
 @dataclass
+class _Average:
+    """Tokens per second: the plain average of the first ``warm`` steps, a
+    moving average after them (0.0: nothing measured)."""
+
+    warm: int
+    value: float = 0.0
+    steps: int = 0
+    _tokens: int = 0
+    _seconds: float = 0.0
+
+    def add(self, tokens: int, seconds: float, steps: int) -> None:
+        if self.steps < self.warm:
+            self._tokens += tokens
+            self._seconds += seconds
+            self.value = self._tokens / self._seconds
+        else:
+            self.value += (1 - (1 - _ALPHA) ** steps) * (tokens / seconds - self.value)
+        self.steps += steps
+
+
+@dataclass
 class _Rates:
-    plain: float = 0.0  # tokens per second, moving average (0: not measured)
-    speculative: float = 0.0  # ... of speculative steps at the current cap
-    speculative_steps: int = 0  # ... measured at the current cap
+    """One width bucket's measurements, and its cap: a hill climb over caps
+    (8, 4, 2, 1) on the drafting rate, against the plain rate."""
+
+    plain_rate: _Average = field(default_factory=lambda: _Average(_EXPLORE_STEPS))
+    # ... of steps allowed to draft, at the current cap
+    speculative_rate: _Average = field(default_factory=lambda: _Average(_EXPLORE_STEPS))
     cooldown: int = 0  # steps left before speculating again
-    cap: int = MAX_DRAFT  # the most tokens a row drafts at this width
-    plain_samples: int = 0
+    next_cooldown: int = _COOLDOWN_STEPS
+    cap: int = START_CAP  # the most tokens a row drafts at this width
     since_plain: int = 0  # speculative steps since the last plain measurement
     plain_run: int = 0  # steps left in a run of plain steps asked for
+    longest: int = 0  # the longest draft verified at the current cap
+    # While another cap is tried: the cap it is tried against, as measured.
+    incumbent: tuple[int, _Average, int] | None = None  # (cap, rate, longest)
+    since_probe: int = 0  # speculative steps at this cap since the last try
+    probe_every: int = _PROBE_STEPS  # doubles while tries lose
+    narrower: bool = False  # which neighbour to try next (wider first)
+
+    @property
+    def plain(self) -> float:
+        return self.plain_rate.value
+
+    @property
+    def speculative(self) -> float:
+        return self.speculative_rate.value
+
+    @property
+    def speculative_steps(self) -> int:
+        return self.speculative_rate.steps
 
     def start_over(self, cap: int) -> None:
-        self.cap, self.speculative, self.speculative_steps = cap, 0.0, 0
+        self.cap, self.longest, self.since_probe = cap, 0, 0
+        self.speculative_rate = _Average(_EXPLORE_STEPS)
+
+    def judge(self) -> None:
+        """The current cap's rate is known: keep it, try a neighbour, go back
+        to the one it was tried against, or stop drafting for a while."""
+        if self.incumbent is not None:  # a neighbour was tried: keep the faster
+            cap, rate, longest = self.incumbent
+            self.incumbent = None
+            if rate.value >= self.speculative:
+                self.narrower = not self.narrower  # the other side, next time
+                self.probe_every = min(_MAX_PROBE_STEPS, 2 * self.probe_every)
+                self.cap, self.speculative_rate, self.longest = cap, rate, longest
+                self.since_probe = 0
+                return
+            self.probe_every = _PROBE_STEPS
+        if self.speculative < _MARGIN * self.plain:
+            self._lose()
+            return
+        self.next_cooldown = _COOLDOWN_STEPS  # it pays here (again)
+        if self.since_probe >= self.probe_every:
+            self._try_neighbour()
+
+    def _try_neighbour(self) -> None:
+        wider = self.cap * 2 if self.longest >= self.cap < MAX_DRAFT else 0
+        narrower = self.cap // 2
+        if not (narrower if self.narrower else wider):
+            self.narrower = not self.narrower
+        target = narrower if self.narrower else wider
+        if target:
+            self.incumbent = (self.cap, self.speculative_rate, self.longest)
+            self.start_over(target)
+        else:
+            self.since_probe = 0
+
+    def _lose(self) -> None:
+        """Drafting measured slower than plain steps at this cap."""
+        cap = min(self.cap, self.longest) // 2
+        if cap >= 1:
+            self.start_over(cap)
+            return
+        # Not even one drafted token pays here: rest, then retry.
+        self.cooldown = self.next_cooldown
+        self.next_cooldown = min(_MAX_COOLDOWN, 2 * self.next_cooldown)
+        self.start_over(2)
 
 
 def _bucket(width: int) -> int:
@@ -122,7 +221,7 @@ class Switch:
             return MAX_DRAFT if self.mode == "on" else 0
         rates = self.rates.get(_bucket(width))
         if rates is None:
-            return MAX_DRAFT
+            return START_CAP
         return rates.cap if rates.cooldown == 0 else 0
 
     def step_cap(self, width: int) -> int:
@@ -135,64 +234,55 @@ class Switch:
         return self.cap(width)
 
     def wants_plain_sample(self, width: int) -> bool:
-        """Whether a step that could verify drafts should rather be a plain
-        one: while every step could draft, the plain rate is known only from
-        runs of plain steps asked for now and then (a run, because a lone plain
-        step between speculative ones cannot be timed: its compute overlaps
-        the next step)."""
+        """Whether a step that may draft should rather be a plain one: while
+        drafting is allowed, the plain rate is known only from runs of plain
+        steps asked for now and then (a run, because a lone plain step between
+        speculative ones cannot be timed: its compute overlaps the next step)."""
         if self.mode != "auto":
             return False
         rates = self.rates.setdefault(_bucket(width), _Rates())
         if rates.plain_run:
             rates.plain_run -= 1
             return True
-        if rates.plain_samples < _PLAIN_SAMPLES or rates.since_plain >= _PLAIN_EVERY:
+        if rates.plain_rate.steps < _PLAIN_SAMPLES or rates.since_plain >= _PLAIN_EVERY:
             rates.plain_run = _PLAIN_RUN - 1
             rates.since_plain = 0
             return True
         return False
 
     def observe(
-        self, width: int, tokens: int, seconds: float, speculative: bool, steps: int = 1
+        self,
+        width: int,
+        tokens: int,
+        seconds: float,
+        speculative: bool,
+        steps: int = 1,
+        longest: int = MAX_DRAFT,
     ) -> None:
-        """``steps`` generation steps of ``width`` rows emitted ``tokens`` in ``seconds``."""
+        """``steps`` generation steps of ``width`` rows emitted ``tokens`` in
+        ``seconds``; ``speculative``: with drafting allowed, the longest draft
+        verified among them ``longest`` tokens."""
         if seconds <= 0 or steps <= 0:
             return
         rates = self.rates.setdefault(_bucket(width), _Rates())
-        rate = tokens / seconds
-        weight = 1 - (1 - _ALPHA) ** steps
         if not speculative:
-            rates.plain = rate if not rates.plain else rates.plain + weight * (rate - rates.plain)
-            rates.plain_samples += steps
+            rates.plain_rate.add(tokens, seconds, steps)
             return
+        rates.longest = max(rates.longest, longest)
         rates.since_plain += steps
-        rates.speculative_steps += steps
-        if not rates.speculative:
-            rates.speculative = rate
-        else:
-            rates.speculative += weight * (rate - rates.speculative)
+        rates.speculative_rate.add(tokens, seconds, steps)
+        rates.since_probe += steps
         trusted = rates.speculative_steps >= _EXPLORE_STEPS and rates.plain
         if self.mode != "auto" or not trusted:
             return
-        if rates.speculative < _MARGIN * rates.plain:
-            log.debug(
-                "speculation: width %d, at most %d drafted: %.1f tok/s against %.1f plain",
-                width,
-                rates.cap,
-                rates.speculative,
-                rates.plain,
-            )
-            if rates.cap > 1:
-                rates.start_over(rates.cap // 2)
-            else:  # not even one drafted token pays here: rest, then retry
-                rates.cooldown = _COOLDOWN_STEPS
-                rates.start_over(2)
-        elif (
-            rates.speculative > _AHEAD * _MARGIN * rates.plain
-            and rates.cap < MAX_DRAFT
-            and rates.speculative_steps >= _PROBE_STEPS
-        ):
-            rates.start_over(rates.cap * 2)  # try wider drafts again
+        log.debug(
+            "speculation: width %d, at most %d drafted: %.1f tok/s against %.1f plain",
+            width,
+            rates.cap,
+            rates.speculative,
+            rates.plain,
+        )
+        rates.judge()
 
     def describe(self) -> dict[str, dict[str, float]]:
         """Measured rates per batch-width bucket (for /health)."""
@@ -211,28 +301,30 @@ class Switch:
 
 @dataclass
 class StepTimer:
-    """Times a batch's steps in runs of like steps for :meth:`Switch.observe`.
+    """Times a batch's steps in runs for :meth:`Switch.observe`.
 
-    A run is consecutive steps of one kind (plain or speculative) at one batch
-    width; its steps are timed from one's start to the next's, in windows of
-    a few steps. A run's first step is not counted (a speculative step after
-    plain ones first waits for their last compute; a plain step after a
-    speculative one only starts its compute), nor is a window that other work
-    came into (:meth:`spoil`: a prefill chunk, an image's encode).
+    A run is consecutive steps taken in one mode (drafting allowed or not) at
+    one batch width; its steps are timed from one's start to the next's, in
+    windows of a few steps. A run's first step is not counted (the first step
+    allowed to draft may wait for plain steps' last compute; a plain step
+    after a verifying one only starts its compute), nor is a window that other
+    work came into (:meth:`spoil`: a prefill chunk, an image's encode), nor a
+    drafting window in which no step verified a draft.
     """
 
     switch: Switch
     clock: Callable[[], float] = time.perf_counter
-    _run: tuple[int, bool] | None = None  # (width, speculative)
+    _run: tuple[int, bool] | None = None  # (width, drafting allowed)
     _mark: float | None = None  # when the window's first counted step started
     _tokens: int = 0
     _steps: int = 0
+    _longest: int = 0  # the longest draft verified in the window
     _spoiled: bool = False
 
-    def begin(self, width: int, speculative: bool) -> None:
-        """A step of ``width`` rows is about to run."""
+    def begin(self, width: int, drafting: bool) -> None:
+        """A step of ``width`` rows is about to run, allowed to draft or not."""
         now = self.clock()
-        run = (width, speculative)
+        run = (width, drafting)
         if self._spoiled or run != self._run:
             self._close(now)
             self._run, self._spoiled = run, False
@@ -240,19 +332,24 @@ class StepTimer:
             self._close(now)
             self._mark = now
 
-    def count(self, tokens: int) -> None:
-        """The step begun last emitted ``tokens``."""
+    def count(self, tokens: int, drafted: int = 0) -> None:
+        """The step begun last emitted ``tokens``, verifying drafts of at most
+        ``drafted`` tokens (0: a plain step)."""
         if self._mark is not None:
             self._tokens += tokens
             self._steps += 1
+            self._longest = max(self._longest, drafted)
 
     def spoil(self) -> None:
         """Other work than this batch's steps ran since the last step began."""
         self._spoiled = True
 
     def _close(self, now: float) -> None:
-        if self._mark is not None and not self._spoiled and self._steps >= _MIN_WINDOW:
-            assert self._run is not None
-            width, speculative = self._run
-            self.switch.observe(width, self._tokens, now - self._mark, speculative, self._steps)
-        self._mark, self._tokens, self._steps = None, 0, 0
+        mark, run = self._mark, self._run
+        if mark is not None and run is not None and not self._spoiled:
+            width, drafting = run
+            if self._steps >= _MIN_WINDOW and (not drafting or self._longest):
+                self.switch.observe(
+                    width, self._tokens, now - mark, drafting, self._steps, self._longest
+                )
+        self._mark, self._tokens, self._steps, self._longest = None, 0, 0, 0

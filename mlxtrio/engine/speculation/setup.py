@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..types import EngineStats, GenerationStats
-from ..vision import VisionTextModel
 from .policy import Switch
 from .rollback import model_rolls_back
 from .verify import Speculation
@@ -47,8 +46,6 @@ def _why_not(model: Any, strict: bool) -> str | None:
         return "not on the serial path (a model that attends to images by cross-attention)"
     if strict:
         return "not across ranks yet: every rank would have to verify the same drafts"
-    if isinstance(model, VisionTextModel):
-        return "not for vision models yet (their M-RoPE cache)"
     if not model_rolls_back(model):
         return "the model's KV cache cannot roll back one row (rotating or recurrent layers)"
     return None

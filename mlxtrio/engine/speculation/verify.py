@@ -31,6 +31,7 @@ overlapped plain steps.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -38,6 +39,7 @@ from typing import Any, cast
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
+from ..image_tokens import KEY_BASE
 from .drafts import PromptLookup
 from .policy import RowDrafts, StepTimer, Switch
 from .rollback import ragged, trim_rows
@@ -112,24 +114,22 @@ class SpeculativeGenerationBatch(GenerationBatch):
             del self._rows[uid]
 
     def next(self) -> list[Any]:
-        """One step: plain (mlx-lm's, overlapped with the next) when no row
-        has a draft or the switch asks for a plain one; else a verifying step.
-        Both are timed in runs by a :class:`~.policy.StepTimer`."""
+        """One step: plain (mlx-lm's, overlapped with the next) when drafting
+        is not allowed (the switch's call), or no row has a draft; else a
+        verifying step. Timed, by mode, by a :class:`~.policy.StepTimer`."""
         if not self.uids:
             return []
         switch, width = self.speculation.switch, len(self.uids)
         cap = switch.step_cap(width)
-        limits = self._limits(cap) if cap else None
-        speculative = limits is not None and not switch.wants_plain_sample(width)
+        drafting = cap > 0 and not switch.wants_plain_sample(width)
         timer = self._step_timer()
-        timer.begin(width, speculative)
-        if limits is None or not speculative:
-            responses = self._plain_step()
+        timer.begin(width, drafting)
+        limits = self._limits(cap) if drafting else None
+        if limits is None:
+            responses, longest = self._plain_step(), 0
         else:
-            responses, verified = self._speculate(limits)
-            if not verified:  # a plain step, but not overlapped: not like either
-                timer.spoil()
-        timer.count(len(responses))
+            responses, longest = self._speculate(limits)
+        timer.count(len(responses), longest)
         return responses
 
     def _step_timer(self) -> StepTimer:
@@ -158,9 +158,10 @@ class SpeculativeGenerationBatch(GenerationBatch):
 
     # -- the speculative step -------------------------------------------------------
 
-    def _speculate(self, limits: list[int]) -> tuple[list[Any], bool]:
-        """One step that verifies the rows' drafts; False with a plain step's
-        responses when, the pending tokens read, no row has one."""
+    def _speculate(self, limits: list[int]) -> tuple[list[Any], int]:
+        """One step that verifies the rows' drafts, and the longest draft; 0
+        with a plain step's responses when, the pending tokens read, no row
+        has one."""
         pending = self._next_tokens
         mx.eval(pending)
         heads = cast(list[int], pending.tolist())
@@ -169,7 +170,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
             for e, (limit, head) in enumerate(zip(limits, heads, strict=True))
         ]
         if not any(drafts):  # the pending tokens went elsewhere
-            return self._plain_step(), False
+            return self._plain_step(), 0
         width = max(len(d) for d in drafts)
         rows = [[h, *d, *[h] * (width - len(d))] for h, d in zip(heads, drafts, strict=True)]
         inputs = mx.array(rows, dtype=mx.uint32)
@@ -179,12 +180,15 @@ class SpeculativeGenerationBatch(GenerationBatch):
         mx.eval(chosen)
         return self._settle(
             heads, drafts, [cast(list[int], c.tolist()) for c in chosen], logprobs, width
-        ), True
+        ), width
 
     def _draft(self, e: int, limit: int, head: int) -> list[int]:
         """Row ``e``'s draft after its pending token ``head``, cut before any
         position its processors would steer."""
         draft = self._rows[self.uids[e]].lookup.propose(limit, (head,))
+        # An image's run is key tokens in the row's history (see
+        # ..image_tokens), ids the model has no embedding for.
+        draft = list(itertools.takewhile(lambda token: token < KEY_BASE, draft))
         for processor in self._processors(e):
             plan = getattr(processor, "plan_draft", None)
             draft = draft[: plan([head, *draft])] if plan is not None else []
