@@ -19,6 +19,7 @@ import pytest
 import trio
 
 from mlxtrio.engine.batch import new_generator
+from mlxtrio.engine.image_tokens import KEY_BASE
 from mlxtrio.engine.model import load_model
 from mlxtrio.engine.speculation.drafts import WINDOW, PromptLookup
 from mlxtrio.engine.speculation.policy import (
@@ -27,6 +28,7 @@ from mlxtrio.engine.speculation.policy import (
     RowDrafts,
     StepTimer,
     Switch,
+    _Rates,
 )
 from mlxtrio.engine.speculation.rollback import RaggedBatchKVCache
 from mlxtrio.engine.speculation.verify import Speculation
@@ -61,6 +63,17 @@ def test_prompt_lookup_proposes_what_followed_the_latest_occurrence() -> None:
     assert lookup.propose(3) == [7, 4, 4]
     assert lookup.propose(2, pending=(7,)) == [4, 4]
     assert lookup.propose(0) == []
+
+
+def test_a_draft_never_proposes_an_images_key_tokens() -> None:
+    """An image's run stands in a vision prompt as key tokens (ids above any
+    vocabulary): a draft stops before them."""
+    keys = [KEY_BASE + 7, KEY_BASE + 8]
+    lookup = PromptLookup([5, 6, 1, 2, *keys, 9, 5, 6, 1])
+    assert lookup.propose(4, (2,)) == []  # "5 6 1 2" was followed by the keys
+    assert lookup.propose(4, (7,)) == []
+    lookup = PromptLookup([5, 6, 1, 2, 4, *keys, 5, 6, 1])
+    assert lookup.propose(4, (2,)) == [4]
 
 
 def test_prompt_lookup_memory_is_bounded() -> None:
@@ -112,6 +125,13 @@ def test_auto_skips_caps_its_drafts_never_reached() -> None:
     assert not switch.allows(8)
 
 
+@pytest.mark.parametrize("longest, cap", [(8, 4), (6, 4), (5, 4), (4, 2), (3, 2), (2, 1), (1, 0)])
+def test_a_losing_cap_halves_below_what_its_drafts_reached(longest: int, cap: int) -> None:
+    rates = _Rates(cap=MAX_DRAFT, longest=longest)
+    rates._lose()
+    assert (rates.cap if not rates.cooldown else 0) == cap  # 8, 4, 2, 1 only
+
+
 @pytest.mark.parametrize(
     "rates, best",
     [
@@ -133,6 +153,7 @@ def test_auto_climbs_to_the_cap_that_measures_fastest(rates: dict[int, float], b
     later = held[100:]
     assert max(set(later), key=later.count) == best
     assert later.count(best) > 0.75 * len(later)  # others tried now and then, not kept
+    assert Switch("on").cap(64) == MAX_DRAFT and not Switch("off").allows(1)
 
 
 def test_steps_are_timed_in_runs_without_their_first_step_or_other_work() -> None:

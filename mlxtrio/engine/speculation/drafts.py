@@ -15,9 +15,12 @@ rebuilt from the window when it has grown to twice that. No MLX.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+
+from ..image_tokens import KEY_BASE
 
 WINDOW = 32768  # tokens indexed per sequence (prompt tail and output)
 NGRAM_SIZES = (4, 3, 2)  # tried longest first
@@ -75,7 +78,10 @@ class PromptLookup:
                 continue
             start = at - self._base
             known = self._tokens[start : start + limit]
-            return (known + list(pending))[:limit] if len(known) < limit else known
+            draft = (known + list(pending))[:limit] if len(known) < limit else known
+            # An image's run is key tokens in the history (see
+            # ..image_tokens): ids the model has no embedding for.
+            return list(itertools.takewhile(lambda token: token < KEY_BASE, draft))
         return []
 
     def _static_find(self, n: int, key: int) -> int | None:

@@ -177,7 +177,7 @@ class _Rates:
             self._try_neighbour()
 
     def _try_neighbour(self) -> None:
-        wider = self.cap * 2 if self.longest >= self.cap < MAX_DRAFT else 0
+        wider = min(MAX_DRAFT, self.cap * 2) if self.longest >= self.cap < MAX_DRAFT else 0
         narrower = self.cap // 2
         if not (narrower if self.narrower else wider):
             self.narrower = not self.narrower
@@ -189,8 +189,10 @@ class _Rates:
             self.since_probe = 0
 
     def _lose(self) -> None:
-        """Drafting measured slower than plain steps at this cap."""
-        cap = min(self.cap, self.longest) // 2
+        """Drafting measured slower than plain steps at this cap: the next
+        cap of 8, 4, 2, 1 below what the drafts reached."""
+        reached = min(self.cap, self.longest)
+        cap = 1 << ((reached - 1).bit_length() - 1) if reached > 1 else 0
         if cap >= 1:
             self.start_over(cap)
             return
@@ -257,18 +259,18 @@ class Switch:
         seconds: float,
         speculative: bool,
         steps: int = 1,
-        longest: int = MAX_DRAFT,
+        longest: int | None = None,
     ) -> None:
         """``steps`` generation steps of ``width`` rows emitted ``tokens`` in
         ``seconds``; ``speculative``: with drafting allowed, the longest draft
-        verified among them ``longest`` tokens."""
+        verified among them ``longest`` tokens (None: as long as the cap)."""
         if seconds <= 0 or steps <= 0:
             return
         rates = self.rates.setdefault(_bucket(width), _Rates())
         if not speculative:
             rates.plain_rate.add(tokens, seconds, steps)
             return
-        rates.longest = max(rates.longest, longest)
+        rates.longest = max(rates.longest, rates.cap if longest is None else longest)
         rates.since_plain += steps
         rates.speculative_rate.add(tokens, seconds, steps)
         rates.since_probe += steps

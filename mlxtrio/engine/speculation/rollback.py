@@ -38,8 +38,8 @@ class RaggedBatchKVCache(BatchKVCache):
     """``BatchKVCache`` with an end per row (``ends``, on the host).
 
     ``_idx`` stays the longest row's end, so ``keys_and_values`` covers every
-    row; ``offset`` (each row's length, which RoPE reads) stays
-    ``ends - left_padding``."""
+    row; ``offset`` (each row's RoPE position: its length, plus an M-RoPE
+    row's delta, see ..vision) moves with ``ends``."""
 
     ends: list[int]
     keys: Any  # mx.array once a row was written (None in the base class's __init__)

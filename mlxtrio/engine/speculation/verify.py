@@ -31,7 +31,6 @@ overlapped plain steps.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -39,7 +38,6 @@ from typing import Any, cast
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
-from ..image_tokens import KEY_BASE
 from .drafts import PromptLookup
 from .policy import RowDrafts, StepTimer, Switch
 from .rollback import ragged, trim_rows
@@ -124,7 +122,8 @@ class SpeculativeGenerationBatch(GenerationBatch):
         drafting = cap > 0 and not switch.wants_plain_sample(width)
         timer = self._step_timer()
         timer.begin(width, drafting)
-        limits = self._limits(cap) if drafting else None
+        cap = min(cap, switch.cap(width))  # what the window just closed decided
+        limits = self._limits(cap) if drafting and cap else None
         if limits is None:
             responses, longest = self._plain_step(), 0
         else:
@@ -186,9 +185,6 @@ class SpeculativeGenerationBatch(GenerationBatch):
         """Row ``e``'s draft after its pending token ``head``, cut before any
         position its processors would steer."""
         draft = self._rows[self.uids[e]].lookup.propose(limit, (head,))
-        # An image's run is key tokens in the row's history (see
-        # ..image_tokens), ids the model has no embedding for.
-        draft = list(itertools.takewhile(lambda token: token < KEY_BASE, draft))
         for processor in self._processors(e):
             plan = getattr(processor, "plan_draft", None)
             draft = draft[: plan([head, *draft])] if plan is not None else []
