@@ -389,15 +389,7 @@ async def test_speculation_on_a_vision_model_changes_no_token(
         texts: dict[int, str] = {}
 
         async def one(i: int) -> None:
-            content: list[dict[str, Any]] = [{"type": "text", "text": f"Say what you see {i}."}]
-            if seeds[i] is not None:
-                content.append(image_block(picture(seeds[i], (112 + 28 * seeds[i], 168))))
-            message = await server.anthropic().messages.create(
-                model="vlm",
-                max_tokens=48,  # greedy: no temperature given
-                messages=[{"role": "user", "content": content}],  # type: ignore[typeddict-item]
-            )
-            texts[i] = "".join(b.text for b in message.content if b.type == "text")
+            texts[i] = await ask(server, seeds[i], tokens=48)
 
         async with trio.open_nursery() as nursery:
             for i in range(len(seeds)):

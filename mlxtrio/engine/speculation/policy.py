@@ -177,7 +177,7 @@ class _Rates:
             self._try_neighbour()
 
     def _try_neighbour(self) -> None:
-        wider = min(MAX_DRAFT, self.cap * 2) if self.longest >= self.cap < MAX_DRAFT else 0
+        wider = self.cap * 2 if self.longest >= self.cap < MAX_DRAFT else 0  # caps: 8, 4, 2, 1
         narrower = self.cap // 2
         if not (narrower if self.narrower else wider):
             self.narrower = not self.narrower
