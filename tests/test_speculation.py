@@ -28,6 +28,7 @@ from mlxtrio.engine.speculation.policy import (
     RowDrafts,
     StepTimer,
     Switch,
+    _AtCap,
     _Rates,
 )
 from mlxtrio.engine.speculation.rollback import RaggedBatchKVCache
@@ -104,13 +105,14 @@ def test_auto_narrows_then_stops_drafting_where_it_measures_slower() -> None:
     caps = []
     while switch.allows(4):
         caps.append(switch.cap(4))
-        switch.observe(4, tokens=5, seconds=0.02, speculative=True)  # 250 tok/s
+        # 380 tok/s, drafts adding a quarter: a narrower cap, costing less, may pay
+        switch.observe(4, tokens=5, seconds=5 / 380, speculative=True)
     assert sorted(set(caps), reverse=True) == [START_CAP, 2, 1]
     assert switch.allows(1) and switch.cap(1) == START_CAP  # other widths unaffected
     assert [switch.step_cap(4) for _ in range(256)] == [0] * 256
     assert switch.step_cap(4) == 2  # measured again after the cool-down
     for _ in range(64):  # still slower (at 2, then 1): a longer rest
-        switch.observe(4, tokens=5, seconds=0.02, speculative=True)
+        switch.observe(4, tokens=5, seconds=5 / 380, speculative=True)
     assert [switch.step_cap(4) for _ in range(512)] == [0] * 512
     assert switch.step_cap(4) == 2
 
@@ -125,9 +127,54 @@ def test_auto_skips_caps_its_drafts_never_reached() -> None:
     assert not switch.allows(8)
 
 
+@pytest.mark.parametrize(
+    "accepted, speed, cap",
+    [
+        (2, 0.78, 0),  # drafts added ~2 %: no narrower cap could pay, rest at once
+        (24, 0.78, 0),  # ~19 %: at half the cost, still slower
+        (2, 0.9, START_CAP),  # not far enough below plain to judge after 16 steps
+        (64, 0.78, START_CAP),  # drafts add too much to judge them on 16 steps
+    ],
+)
+def test_a_cap_far_slower_than_plain_is_judged_early(accepted: int, speed: float, cap: int) -> None:
+    """Measuring a losing cap is what drafting costs text that copies
+    nothing: a cap far slower than plain steps whose drafts add little is
+    judged after half the usual steps, and rests at once where no narrower
+    cap could pay."""
+    switch = Switch("auto")
+    switch.observe(8, tokens=8, seconds=0.05, speculative=False)  # 160 tok/s
+    tokens = 8 * 16 + accepted  # 16 steps of 8 rows, drafting up to 4 each
+    switch.observe(8, tokens, tokens / (speed * 160), speculative=True, steps=16, longest=4)
+    assert switch.cap(8) == cap
+
+
+@pytest.mark.parametrize(
+    "added, speed, cap",
+    [
+        (1.0, 0.78, 2),  # drafts doubled the tokens at 2.6x a plain step's cost: 2 may pay
+        (0.5, 0.78, 0),  # they added half at 1.9x: even at half that extra cost, slower
+        (0.1, 0.95, 0),  # a tenth at 1.16x: the same
+    ],
+)
+def test_a_losing_cap_halves_only_where_a_narrower_one_may_pay(
+    added: float, speed: float, cap: int
+) -> None:
+    """The narrower cap is tried only if it could pay as measured: at best
+    its drafts add as many tokens, and a step's extra cost shrinks with its
+    drafted positions."""
+    switch = Switch("auto")
+    switch.observe(8, tokens=8, seconds=0.05, speculative=False)  # 160 tok/s
+    tokens = round(8 * 32 * (1 + added))  # 32 steps of 8 rows, drafting up to 4 each
+    switch.observe(8, tokens, tokens / (speed * 160), speculative=True, steps=32, longest=4)
+    assert switch.cap(8) == cap
+
+
 @pytest.mark.parametrize("longest, cap", [(8, 4), (6, 4), (5, 4), (4, 2), (3, 2), (2, 1), (1, 0)])
 def test_a_losing_cap_halves_below_what_its_drafts_reached(longest: int, cap: int) -> None:
-    rates = _Rates(cap=MAX_DRAFT, longest=longest)
+    rates = _Rates(drafting=_AtCap(MAX_DRAFT, longest=longest))
+    rates.plain_rate.add(100, 1.0, steps=1)
+    rates.drafting.rate.add(99, 1.0, steps=1)  # a little slower, where drafts doubled the tokens
+    rates.drafting.gain.add(1, 1, steps=1)
     rates._lose()
     assert (rates.cap if not rates.cooldown else 0) == cap  # 8, 4, 2, 1 only
 
@@ -185,7 +232,7 @@ def test_steps_are_timed_in_runs_without_their_first_step_or_other_work() -> Non
     steps(1, 3, True, 0.05, 10)  # another width ends the run: its last 5 steps count
     assert switch.rates[1].speculative == pytest.approx(200.0)
     assert switch.rates[1].speculative_steps == 8 + 5
-    assert switch.rates[1].longest == 4
+    assert switch.rates[1].drafting.longest == 4
     # Steps allowed to draft where no row had a draft: they say nothing.
     for _ in range(10):
         timer.begin(3, True)

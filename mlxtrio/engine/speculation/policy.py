@@ -27,9 +27,13 @@ while serving:
   starts at 4; where its drafting runs pay, a neighbouring cap (half or
   double) is tried now and then, and the faster of the two kept; where they
   measure slower than its plain runs, the cap halves (from below the longest
-  draft it verified, so a cap its drafts never reached is skipped); slower
-  still at 1, the width stops drafting for a while, longer each time in a row
-  (up to :data:`_MAX_COOLDOWN` steps), then measures again from 2. Plain
+  draft it verified, so a cap its drafts never reached is skipped) if the
+  narrower cap may pay as measured (at best its drafts add as many tokens,
+  for less cost); else (text that copies nothing, or a cap of 1) the width
+  stops drafting for a while, longer each time in a row (up to
+  :data:`_MAX_COOLDOWN` steps), then measures again from 2. A cap that
+  measures far slower than plain steps is judged after half the usual steps:
+  measuring a losing cap is what drafting costs text that copies nothing. Plain
   steps are measured in a short run of plain steps now and then. The decision
   follows the machine.
 """
@@ -55,6 +59,10 @@ _MAX_PAUSE = 64  # steps
 # (each row pauses its own drafts where its text stops copying).
 _ALPHA = 0.02
 _EXPLORE_STEPS = 32  # speculative steps measured (as one average) before a width's rate is trusted
+# ... or half as many, when they already measure this much slower than plain
+# steps and their drafts add less than this (what a losing cap costs while it
+# is measured is what drafting costs text that copies nothing).
+_CLEAR_LOSS = 1.25
 _COOLDOWN_STEPS = 256  # steps before a losing width is measured again ...
 _MAX_COOLDOWN = 2048  # ... doubling while it keeps losing, up to this
 _PLAIN_SAMPLES = 4  # measured plain steps before a width's plain rate is trusted
@@ -101,23 +109,40 @@ class RowDrafts:
 
 @dataclass
 class _Average:
-    """Tokens per second: the plain average of the first ``warm`` steps, a
-    moving average after them (0.0: nothing measured)."""
+    """A ratio measured over windows of steps (tokens per second, tokens per
+    row): the windows' average, weighted by their steps, over the first
+    ``warm`` steps, a moving average after them (0.0: nothing measured).
+    Averaging the windows' ratios, not pooling their parts, keeps a window
+    that something else stalled (a plain run is a handful of steps) from
+    outweighing the rest by its length."""
 
     warm: int
     value: float = 0.0
     steps: int = 0
-    _tokens: int = 0
-    _seconds: float = 0.0
 
-    def add(self, tokens: int, seconds: float, steps: int) -> None:
+    def add(self, part: float, whole: float, steps: int) -> None:
+        ratio = part / whole
         if self.steps < self.warm:
-            self._tokens += tokens
-            self._seconds += seconds
-            self.value = self._tokens / self._seconds
+            self.value += (ratio - self.value) * steps / (self.steps + steps)
         else:
-            self.value += (1 - (1 - _ALPHA) ** steps) * (tokens / seconds - self.value)
+            self.value += (1 - (1 - _ALPHA) ** steps) * (ratio - self.value)
         self.steps += steps
+
+
+@dataclass
+class _AtCap:
+    """Drafting steps measured at one cap."""
+
+    cap: int  # the most tokens a row drafts
+    rate: _Average = field(default_factory=lambda: _Average(_EXPLORE_STEPS))
+    longest: int = 0  # the longest draft verified
+    # Tokens accepted from drafts per row and step: the share drafts add.
+    gain: _Average = field(default_factory=lambda: _Average(_EXPLORE_STEPS))
+
+    def add(self, width: int, tokens: int, seconds: float, steps: int, longest: int) -> None:
+        self.rate.add(tokens, seconds, steps)
+        self.longest = max(self.longest, longest)
+        self.gain.add(max(0, tokens - steps * width), steps * width, steps)
 
 
 @dataclass
@@ -126,19 +151,20 @@ class _Rates:
     (8, 4, 2, 1) on the drafting rate, against the plain rate."""
 
     plain_rate: _Average = field(default_factory=lambda: _Average(_EXPLORE_STEPS))
-    # ... of steps allowed to draft, at the current cap
-    speculative_rate: _Average = field(default_factory=lambda: _Average(_EXPLORE_STEPS))
+    drafting: _AtCap = field(default_factory=lambda: _AtCap(START_CAP))
     cooldown: int = 0  # steps left before speculating again
     next_cooldown: int = _COOLDOWN_STEPS
-    cap: int = START_CAP  # the most tokens a row drafts at this width
     since_plain: int = 0  # speculative steps since the last plain measurement
     plain_run: int = 0  # steps left in a run of plain steps asked for
-    longest: int = 0  # the longest draft verified at the current cap
     # While another cap is tried: the cap it is tried against, as measured.
-    incumbent: tuple[int, _Average, int] | None = None  # (cap, rate, longest)
+    incumbent: _AtCap | None = None
     since_probe: int = 0  # speculative steps at this cap since the last try
     probe_every: int = _PROBE_STEPS  # doubles while tries lose
     narrower: bool = False  # which neighbour to try next (wider first)
+
+    @property
+    def cap(self) -> int:
+        return self.drafting.cap
 
     @property
     def plain(self) -> float:
@@ -146,27 +172,48 @@ class _Rates:
 
     @property
     def speculative(self) -> float:
-        return self.speculative_rate.value
+        return self.drafting.rate.value
 
     @property
     def speculative_steps(self) -> int:
-        return self.speculative_rate.steps
+        return self.drafting.rate.steps
 
     def start_over(self, cap: int) -> None:
-        self.cap, self.longest, self.since_probe = cap, 0, 0
-        self.speculative_rate = _Average(_EXPLORE_STEPS)
+        self.drafting, self.since_probe = _AtCap(cap), 0
+
+    def trusted(self) -> bool:
+        """Whether the current cap's rate is measured well enough to judge:
+        after :data:`_EXPLORE_STEPS`, or half as many where drafting measures
+        a clear loss and its drafts add too little for that to be noise (where
+        they add much, a short measurement's bad luck would cost a rest)."""
+        steps, plain = self.speculative_steps, self.plain
+        if not plain or steps < _EXPLORE_STEPS // 2:
+            return False
+        clear = _CLEAR_LOSS * self.speculative < plain
+        return steps >= _EXPLORE_STEPS or clear and 1 + self.drafting.gain.value < _CLEAR_LOSS
+
+    def _may_pay(self, cap: int, reached: int) -> bool:
+        """Whether drafting at most ``cap`` tokens may beat plain steps, where
+        drafts of up to ``reached`` measured slower: optimistically, its drafts
+        add as many tokens, and what a drafting step costs beyond a plain one
+        shrinks with the drafted positions (part of it does not: a verifying
+        step loses mlx-lm's overlap). So where the drafts added little (text
+        that copies nothing), no narrower cap is tried."""
+        if not self.speculative:
+            return False
+        gain = 1 + self.drafting.gain.value
+        cost = gain * self.plain / self.speculative  # a drafting step's, a plain one's 1
+        return gain / (1 + (cost - 1) * cap / reached) >= _MARGIN
 
     def judge(self) -> None:
         """The current cap's rate is known: keep it, try a neighbour, go back
         to the one it was tried against, or stop drafting for a while."""
         if self.incumbent is not None:  # a neighbour was tried: keep the faster
-            cap, rate, longest = self.incumbent
-            self.incumbent = None
-            if rate.value >= self.speculative:
+            incumbent, self.incumbent = self.incumbent, None
+            if incumbent.rate.value >= self.speculative:
                 self.narrower = not self.narrower  # the other side, next time
                 self.probe_every = min(_MAX_PROBE_STEPS, 2 * self.probe_every)
-                self.cap, self.speculative_rate, self.longest = cap, rate, longest
-                self.since_probe = 0
+                self.drafting, self.since_probe = incumbent, 0
                 return
             self.probe_every = _PROBE_STEPS
         if self.speculative < _MARGIN * self.plain:
@@ -177,23 +224,25 @@ class _Rates:
             self._try_neighbour()
 
     def _try_neighbour(self) -> None:
-        wider = self.cap * 2 if self.longest >= self.cap < MAX_DRAFT else 0  # caps: 8, 4, 2, 1
-        narrower = self.cap // 2
+        cap = self.cap  # caps: 8, 4, 2, 1
+        wider = cap * 2 if self.drafting.longest >= cap < MAX_DRAFT else 0
+        narrower = cap // 2
         if not (narrower if self.narrower else wider):
             self.narrower = not self.narrower
         target = narrower if self.narrower else wider
         if target:
-            self.incumbent = (self.cap, self.speculative_rate, self.longest)
+            self.incumbent = self.drafting
             self.start_over(target)
         else:
             self.since_probe = 0
 
     def _lose(self) -> None:
         """Drafting measured slower than plain steps at this cap: the next
-        cap of 8, 4, 2, 1 below what the drafts reached."""
-        reached = min(self.cap, self.longest)
+        cap of 8, 4, 2, 1 below what the drafts reached, if it may pay; else
+        a rest."""
+        reached = min(self.cap, self.drafting.longest)
         cap = 1 << ((reached - 1).bit_length() - 1) if reached > 1 else 0
-        if cap >= 1:
+        if cap >= 1 and self._may_pay(cap, reached):
             self.start_over(cap)
             return
         # Not even one drafted token pays here: rest, then retry.
@@ -270,19 +319,19 @@ class Switch:
         if not speculative:
             rates.plain_rate.add(tokens, seconds, steps)
             return
-        rates.longest = max(rates.longest, rates.cap if longest is None else longest)
         rates.since_plain += steps
-        rates.speculative_rate.add(tokens, seconds, steps)
         rates.since_probe += steps
-        trusted = rates.speculative_steps >= _EXPLORE_STEPS and rates.plain
-        if self.mode != "auto" or not trusted:
+        rates.drafting.add(width, tokens, seconds, steps, rates.cap if longest is None else longest)
+        if self.mode != "auto" or not rates.trusted():
             return
         log.debug(
-            "speculation: width %d, at most %d drafted: %.1f tok/s against %.1f plain",
+            "speculation: width %d, at most %d drafted: %.1f tok/s against %.1f plain"
+            " (drafts added %.0f %%)",
             width,
             rates.cap,
             rates.speculative,
             rates.plain,
+            100 * rates.drafting.gain.value,
         )
         rates.judge()
 
