@@ -148,6 +148,32 @@ def test_a_cap_far_slower_than_plain_is_judged_early(accepted: int, speed: float
     assert switch.cap(8) == cap
 
 
+def test_a_tried_neighbour_far_slower_is_dropped_early() -> None:
+    """Where cap 4 pays by a little (a GPU: verifying is nearly free, the
+    drafts add a tenth), cap 8 is tried; far slower, it is dropped after 16
+    steps and 4 is kept, tried against less often."""
+    switch = Switch("auto")
+    switch.observe(4, tokens=400, seconds=4.0, speculative=False)  # 100 tok/s
+    tokens = round(4 * 8 * 1.1)  # windows of 8 steps at 4 rows, drafts adding a tenth
+    while switch.cap(4) == START_CAP:
+        switch.observe(4, tokens, tokens / 110, speculative=True, steps=8, longest=4)
+    assert switch.cap(4) == 8
+    for _ in range(2):
+        switch.observe(4, tokens, tokens / 70, speculative=True, steps=8, longest=8)
+    assert switch.cap(4) == START_CAP
+    assert switch.rates[2].probe_every == 2 * 96
+
+
+def test_rates_average_windows_so_a_stalled_one_does_not_outweigh_the_rest() -> None:
+    """A window that something else stalled (5 plain steps taking ten times
+    as long) counts as much as any other window of as many steps: pooling
+    their tokens and seconds would give it ten times the weight."""
+    switch = Switch("auto")
+    switch.observe(2, tokens=10, seconds=0.1, speculative=False, steps=5)  # 100 tok/s
+    switch.observe(2, tokens=10, seconds=1.0, speculative=False, steps=5)  # 10 tok/s
+    assert switch.rates[1].plain == pytest.approx(55.0)  # pooled: 18.2
+
+
 @pytest.mark.parametrize(
     "added, speed, cap",
     [

@@ -32,8 +32,9 @@ while serving:
   for less cost); else (text that copies nothing, or a cap of 1) the width
   stops drafting for a while, longer each time in a row (up to
   :data:`_MAX_COOLDOWN` steps), then measures again from 2. A cap that
-  measures far slower than plain steps is judged after half the usual steps:
-  measuring a losing cap is what drafting costs text that copies nothing. Plain
+  measures far slower than plain steps, with drafts that add little, is
+  judged after half the usual steps: measuring a losing cap is what drafting
+  costs text that copies nothing. Plain
   steps are measured in a short run of plain steps now and then. The decision
   follows the machine.
 """
@@ -194,11 +195,13 @@ class _Rates:
 
     def _may_pay(self, cap: int, reached: int) -> bool:
         """Whether drafting at most ``cap`` tokens may beat plain steps, where
-        drafts of up to ``reached`` measured slower: optimistically, its drafts
-        add as many tokens, and what a drafting step costs beyond a plain one
-        shrinks with the drafted positions (part of it does not: a verifying
-        step loses mlx-lm's overlap). So where the drafts added little (text
-        that copies nothing), no narrower cap is tried."""
+        drafts of up to ``reached`` measured slower, if its drafts add as many
+        tokens (at most: shorter drafts add fewer) and what a drafting step
+        costs beyond a plain one shrinks in proportion to the drafted
+        positions (roughly: on a CPU the cost of long drafts grows faster than
+        that, and a verifying step of any length loses mlx-lm's overlap). So
+        where the drafts added little (text that copies nothing), no narrower
+        cap is tried."""
         if not self.speculative:
             return False
         gain = 1 + self.drafting.gain.value
@@ -245,7 +248,7 @@ class _Rates:
         if cap >= 1 and self._may_pay(cap, reached):
             self.start_over(cap)
             return
-        # Not even one drafted token pays here: rest, then retry.
+        # No narrower cap may pay here: rest, then retry.
         self.cooldown = self.next_cooldown
         self.next_cooldown = min(_MAX_COOLDOWN, 2 * self.next_cooldown)
         self.start_over(2)
@@ -313,7 +316,7 @@ class Switch:
         """``steps`` generation steps of ``width`` rows emitted ``tokens`` in
         ``seconds``; ``speculative``: with drafting allowed, the longest draft
         verified among them ``longest`` tokens (None: as long as the cap)."""
-        if seconds <= 0 or steps <= 0:
+        if seconds <= 0 or steps <= 0 or width <= 0:
             return
         rates = self.rates.setdefault(_bucket(width), _Rates())
         if not speculative:
