@@ -34,9 +34,8 @@ while serving:
   :data:`_MAX_COOLDOWN` steps), then measures again from 2. A cap that
   measures far slower than plain steps, with drafts that add little, is
   judged after half the usual steps: measuring a losing cap is what drafting
-  costs text that copies nothing. Plain
-  steps are measured in a short run of plain steps now and then. The decision
-  follows the machine.
+  costs text that copies nothing. Plain steps are measured in a short run of
+  plain steps now and then. The decision follows the machine.
 """
 
 from __future__ import annotations
