@@ -72,6 +72,28 @@ def test_values_of_another_size_than_keys() -> None:
     assert mx.allclose(got, expected, atol=2e-5, rtol=1e-4).item()
 
 
+@pytest.mark.parametrize("mask", ["none", "bool"])
+def test_a_sharp_head_gives_no_subnormal_weights(mask: str) -> None:
+    """Scores spread over ~200 (a head that looks at one place): the weights
+    far below the peak are zero, not subnormal floats (which the BLAS
+    multiplies many times slower), and the output is still MLX's."""
+    import numpy as np
+
+    q, k, v = _inputs(2, 8, 4, 9, 400)
+    q = q * 30.0
+    given = _padded_mask(2, 9, 400) if mask == "bool" else None
+    scores = (q * 0.125).reshape(2, 4, 18, 64) @ k.swapaxes(-1, -2)
+    spread = mx.max(scores, axis=-1) - mx.min(scores, axis=-1)
+    assert mx.min(spread).item() > 100  # the case in question
+    grouped = cpu_attention._grouped_mask(given, 2, 4, 2, 9, 400)
+    weights = np.asarray(cpu_attention._softmax(scores.reshape(2, 4, 2, 9, 400), grouped))
+    tiny = np.finfo(np.float32).tiny
+    assert not ((weights > 0) & (weights < tiny)).any()
+    expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=given)
+    got = attention(q, k, v, 0.125, given)
+    assert mx.allclose(got, expected, atol=2e-5, rtol=1e-4).item()
+
+
 def test_installed_in_the_model_modules_and_used_on_the_cpu_only_for_what_it_handles() -> None:
     import mlx_lm.models.base as base
     import mlx_lm.models.qwen3 as qwen3

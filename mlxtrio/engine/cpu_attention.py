@@ -42,6 +42,15 @@ MAX_QUERIES = 16
 # scores a layer, the same either way; 4 rows, 96k, 35 -> 31 ms a step).
 MIN_SCORES = 32 * 1024
 _MASKED = np.finfo(np.float32).min
+# Scores this far below their row's maximum weigh nothing: exp(-69) ~ 1e-30,
+# so a weight they would get, even divided by a million keys' sum, stays
+# a normal float32 and its share of the output is far below float32's
+# precision. Below that they would give subnormal weights, which the BLAS
+# multiplies many times slower: measured on the copier model (a sharp head,
+# 5 % of the weights subnormal) a layer's attention took 5.6 ms for 4 rows
+# verifying 8 tokens at a 2,500-token context, 2.3 with them zeroed; a
+# decode step's 1.3 -> 0.8.
+_NEGLIGIBLE = -69.0
 _NAME = "scaled_dot_product_attention"
 _MODULES = ("mlx_lm.models.", "mlx_vlm.models.")
 
@@ -59,6 +68,7 @@ def _softmax(scores: mx.array, mask: Any) -> mx.array:
         weights += np.asarray(mask.astype(mx.float32))
     with np.errstate(invalid="ignore"):  # a row an additive -inf mask hides: NaN, as MLX's
         weights -= weights.max(axis=-1, keepdims=True)
+        np.copyto(weights, -np.inf, where=weights < _NEGLIGIBLE)
         np.exp(weights, out=weights)
         weights /= weights.sum(axis=-1, keepdims=True)
     return mx.array(weights)
