@@ -283,6 +283,14 @@ def embedded() -> Any:
     return load_model("embedded", str(EMBEDDED_MODEL_PATH), "model")
 
 
+@pytest.fixture(scope="module")
+def embedded_float32() -> Any:
+    """The embedded model as a CPU with a fast BLAS computes it (see
+    mlxtrio.engine.precision): the CPU attention and SwiGLU stand in for
+    MLX's there, at every step width."""
+    return load_model("embedded", str(EMBEDDED_MODEL_PATH), "float32")
+
+
 def _generate(
     loaded: Any, prompts: list[list[int]], mode: str, later: int = 0, **options: Any
 ) -> dict:
@@ -334,11 +342,18 @@ def _prompts(loaded: Any, texts: list[str]) -> list[list[int]]:
     ]
 
 
-@pytest.mark.parametrize("later", [0, 3], ids=["together", "joining-ragged-rows"])
-def test_greedy_output_and_each_rows_kv_equal_without_drafts(embedded: Any, later: int) -> None:
-    prompts = _prompts(embedded, PROMPTS)
-    plain = _generate(embedded, prompts, "off", later)
-    drafted = _generate(embedded, prompts, "on", later)
+@pytest.mark.parametrize(
+    ("later", "dtype"),
+    [(0, "model"), (3, "model"), (3, "float32")],
+    ids=["together", "joining-ragged-rows", "joining-ragged-rows-float32"],
+)
+def test_greedy_output_and_each_rows_kv_equal_without_drafts(
+    request: pytest.FixtureRequest, later: int, dtype: str
+) -> None:
+    model = request.getfixturevalue("embedded" if dtype == "model" else "embedded_float32")
+    prompts = _prompts(model, PROMPTS)
+    plain = _generate(model, prompts, "off", later)
+    drafted = _generate(model, prompts, "on", later)
     accepted = rejected = 0
     for i in plain:
         assert drafted[i]["tokens"] == plain[i]["tokens"], PROMPTS[i][:40]
@@ -357,7 +372,9 @@ def test_greedy_output_and_each_rows_kv_equal_without_drafts(embedded: Any, late
                 theirs.values[..., : theirs.offset, :],
                 atol=1e-4,
             ).item()
-    assert accepted > 30 and rejected > 5  # both paths were taken
+    # Both paths were taken (in float32 the tiny model repeats its prompts
+    # more faithfully: fewer drafts fail).
+    assert accepted > 30 and rejected > (5 if dtype == "model" else 0)
 
 
 def test_a_row_alone_equals_the_row_in_a_batch(embedded: Any) -> None:

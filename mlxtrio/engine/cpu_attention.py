@@ -29,12 +29,13 @@ cache, attention sinks, or another device (Metal keeps MLX's fused kernel).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
+
+from . import stand_in
 
 MAX_QUERIES = 16
 # Fewer scores than this are MLX's: its one fused call costs less than the
@@ -52,7 +53,6 @@ _MASKED = np.finfo(np.float32).min
 # decode step's 1.3 -> 0.8.
 _NEGLIGIBLE = -69.0
 _NAME = "scaled_dot_product_attention"
-_MODULES = ("mlx_lm.models.", "mlx_vlm.models.")
 
 
 def _softmax(scores: mx.array, mask: Any) -> mx.array:
@@ -142,29 +142,9 @@ def _ours(queries: mx.array, keys: Any, values: Any, cache: Any, sinks: Any) -> 
     )
 
 
-def _originals() -> list[Callable[..., Any]]:
-    found = []
-    for name in ("mlx_lm.models.base", "mlx_vlm.models.base"):
-        module = sys.modules.get(name)
-        function = getattr(module, _NAME, None) if module is not None else None
-        found.append(getattr(function, "replaces", function))
-    return [function for function in found if function is not None]
-
-
 def install() -> int:
     """Use :func:`attention` on the CPU in every model module loaded so far
     that calls mlx-lm's (or mlx-vlm's) attention function; returns how many
     modules do. Idempotent; call once a model is loaded (its modules are
     imported then)."""
-    originals = _originals()
-    installed = 0
-    for name, module in list(sys.modules.items()):
-        if module is None or not name.startswith(_MODULES):
-            continue
-        current = getattr(module, _NAME, None)
-        if getattr(current, "replaces", None) in originals:
-            installed += 1
-        elif current is not None and any(current is f for f in originals):
-            setattr(module, _NAME, _wrap(current))
-            installed += 1
-    return installed
+    return stand_in.install(_NAME, ("mlx_lm.models.base", "mlx_vlm.models.base"), _wrap)

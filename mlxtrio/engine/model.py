@@ -127,9 +127,11 @@ def load_model(
     log.info("loading model %s from %s", name, path)
     started = time.perf_counter()
     model, tokenizer, config = read(path) if read is not None else read_checkpoint(path, progress)
-    from .cpu_attention import install
+    from . import cpu_activation, cpu_attention
 
-    install()  # on the CPU, in the model's modules (imported now)
+    # On the CPU, in the model's modules (imported now).
+    cpu_attention.install()
+    cpu_activation.install()
     harmony = marker_ids(tokenizer) if is_harmony(config, tokenizer) else None
     if harmony is not None:
         tokenizer = harmony_tokenizer(tokenizer)
