@@ -18,8 +18,11 @@ while serving:
   the overlap of the plain steps around it. The first step of a run (which
   waits for the other mode's work) is not counted, nor a drafting window in
   which no step verified (it says nothing about drafts);
-* :class:`Switch`: for each batch width (in buckets), moving averages of those
-  rates, and a cap on every row's draft at that width. A verification step's
+* :class:`Switch`: for each batch width, a moving average of the plain rate;
+  for each bucket of widths, a moving average of the drafting runs' speedup
+  (each window's rate over the plain rate at its own width: a bucket's widths
+  differ in rate by more than drafting gains), and a cap on every row's draft
+  at those widths. A verification step's
   cost grows with the tokens it scores: little on a GPU (decode is
   memory-bound), a lot on a CPU, where a long vocabulary or context makes a
   step compute-bound, and every row of a step verifies as many positions as
@@ -35,7 +38,8 @@ while serving:
   measures far slower than plain steps, with drafts that add little, is
   judged after half the usual steps: measuring a losing cap is what drafting
   costs text that copies nothing. Plain steps are measured in a short run of
-  plain steps now and then. The decision follows the machine.
+  plain steps now and then, and at each width before it drafts. The decision
+  follows the machine.
 """
 
 from __future__ import annotations
@@ -134,13 +138,16 @@ class _AtCap:
     """Drafting steps measured at one cap."""
 
     cap: int  # the most tokens a row drafts
+    # Speedup: tokens emitted over what plain steps would have in that time.
     rate: _Average = field(default_factory=lambda: _Average(_EXPLORE_STEPS))
     longest: int = 0  # the longest draft verified
     # Tokens accepted from drafts per row and step: the share drafts add.
     gain: _Average = field(default_factory=lambda: _Average(_EXPLORE_STEPS))
 
-    def add(self, width: int, tokens: int, seconds: float, steps: int, longest: int) -> None:
-        self.rate.add(tokens, seconds, steps)
+    def add(self, width: int, tokens: int, plain_tokens: float, steps: int, longest: int) -> None:
+        """A window of ``steps`` steps of ``width`` rows emitted ``tokens``,
+        where plain steps would have emitted ``plain_tokens`` in its time."""
+        self.rate.add(tokens, plain_tokens, steps)
         self.longest = max(self.longest, longest)
         self.gain.add(max(0, tokens - steps * width), steps * width, steps)
 
@@ -148,9 +155,14 @@ class _AtCap:
 @dataclass
 class _Rates:
     """One width bucket's measurements, and its cap: a hill climb over caps
-    (8, 4, 2, 1) on the drafting rate, against the plain rate."""
+    (8, 4, 2, 1) on the drafting speedup over plain steps."""
 
-    plain_rate: _Average = field(default_factory=lambda: _Average(_EXPLORE_STEPS))
+    # Plain tokens per second by exact width: within a bucket (3 and 4 rows,
+    # say) they differ by more than what drafting gains.
+    plain_rates: dict[int, _Average] = field(default_factory=dict)
+    width: int = 0  # the width measured last (its plain rate is the one shown)
+    # Drafting tokens per second at whatever width (shown, not judged by).
+    drafting_rate: _Average = field(default_factory=lambda: _Average(_EXPLORE_STEPS))
     drafting: _AtCap = field(default_factory=lambda: _AtCap(START_CAP))
     cooldown: int = 0  # steps left before speculating again
     next_cooldown: int = _COOLDOWN_STEPS
@@ -166,13 +178,24 @@ class _Rates:
     def cap(self) -> int:
         return self.drafting.cap
 
+    def plain_at(self, width: int) -> _Average:
+        return self.plain_rates.setdefault(width, _Average(_EXPLORE_STEPS))
+
     @property
     def plain(self) -> float:
-        return self.plain_rate.value
+        """Plain tokens per second at the width measured last."""
+        rate = self.plain_rates.get(self.width)
+        return rate.value if rate is not None else 0.0
+
+    @property
+    def speedup(self) -> float:
+        """Drafting at the current cap over plain steps (0.0: not measured)."""
+        return self.drafting.rate.value
 
     @property
     def speculative(self) -> float:
-        return self.drafting.rate.value
+        """Drafting tokens per second, at the bucket's widths."""
+        return self.drafting_rate.value
 
     @property
     def speculative_steps(self) -> int:
@@ -186,10 +209,10 @@ class _Rates:
         after :data:`_EXPLORE_STEPS`, or half as many where drafting measures
         a clear loss and its drafts add too little for that to be noise (where
         they add much, a short measurement's bad luck would cost a rest)."""
-        steps, plain = self.speculative_steps, self.plain
-        if not plain or steps < _EXPLORE_STEPS // 2:
+        steps = self.speculative_steps
+        if steps < _EXPLORE_STEPS // 2:
             return False
-        clear = _CLEAR_LOSS * self.speculative < plain
+        clear = _CLEAR_LOSS * self.speedup < 1
         return steps >= _EXPLORE_STEPS or clear and 1 + self.drafting.gain.value < _CLEAR_LOSS
 
     def _may_pay(self, cap: int, reached: int) -> bool:
@@ -201,10 +224,10 @@ class _Rates:
         that, and a verifying step of any length loses mlx-lm's overlap). So
         where the drafts added little (text that copies nothing), no narrower
         cap is tried."""
-        if not self.speculative:
+        if not self.speedup:
             return False
         gain = 1 + self.drafting.gain.value
-        cost = gain * self.plain / self.speculative  # a drafting step's, a plain one's 1
+        cost = gain / self.speedup  # a drafting step's, a plain one's 1
         return gain / (1 + (cost - 1) * cap / reached) >= _MARGIN
 
     def judge(self) -> None:
@@ -212,13 +235,13 @@ class _Rates:
         to the one it was tried against, or stop drafting for a while."""
         if self.incumbent is not None:  # a neighbour was tried: keep the faster
             incumbent, self.incumbent = self.incumbent, None
-            if incumbent.rate.value >= self.speculative:
+            if incumbent.rate.value >= self.speedup:
                 self.narrower = not self.narrower  # the other side, next time
                 self.probe_every = min(_MAX_PROBE_STEPS, 2 * self.probe_every)
                 self.drafting, self.since_probe = incumbent, 0
                 return
             self.probe_every = _PROBE_STEPS
-        if self.speculative < _MARGIN * self.plain:
+        if self.speedup < _MARGIN:
             self._lose()
             return
         self.next_cooldown = _COOLDOWN_STEPS  # it pays here (again)
@@ -290,14 +313,16 @@ class Switch:
         """Whether a step that may draft should rather be a plain one: while
         drafting is allowed, the plain rate is known only from runs of plain
         steps asked for now and then (a run, because a lone plain step between
-        speculative ones cannot be timed: its compute overlaps the next step)."""
+        speculative ones cannot be timed: its compute overlaps the next step),
+        and first at every width, which drafting is judged against."""
         if self.mode != "auto":
             return False
         rates = self.rates.setdefault(_bucket(width), _Rates())
         if rates.plain_run:
             rates.plain_run -= 1
             return True
-        if rates.plain_rate.steps < _PLAIN_SAMPLES or rates.since_plain >= _PLAIN_EVERY:
+        sampled = rates.plain_rates.get(width)
+        if sampled is None or sampled.steps < _PLAIN_SAMPLES or rates.since_plain >= _PLAIN_EVERY:
             rates.plain_run = _PLAIN_RUN - 1
             rates.since_plain = 0
             return True
@@ -319,19 +344,26 @@ class Switch:
             return
         rates = self.rates.setdefault(_bucket(width), _Rates())
         if not speculative:
-            rates.plain_rate.add(tokens, seconds, steps)
+            rates.plain_at(width).add(tokens, seconds, steps)
+            rates.width = width
             return
+        rates.drafting_rate.add(tokens, seconds, steps)
+        plain = rates.plain_rates.get(width)
+        if plain is None or not plain.value:
+            return  # nothing to judge it by yet (plain steps at this width come first)
+        rates.width = width
         rates.since_plain += steps
         rates.since_probe += steps
-        rates.drafting.add(width, tokens, seconds, steps, rates.cap if longest is None else longest)
+        longest = rates.cap if longest is None else longest
+        rates.drafting.add(width, tokens, seconds * plain.value, steps, longest)
         if self.mode != "auto" or not rates.trusted():
             return
         log.debug(
-            "speculation: width %d, at most %d drafted: %.1f tok/s against %.1f plain"
-            " (drafts added %.0f %%)",
+            "speculation: width %d, at most %d drafted: %.2fx plain steps (%.1f tok/s"
+            " plain; drafts added %.0f %%)",
             width,
             rates.cap,
-            rates.speculative,
+            rates.speedup,
             rates.plain,
             100 * rates.drafting.gain.value,
         )
