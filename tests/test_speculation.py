@@ -30,6 +30,7 @@ from mlxtrio.engine.speculation.policy import (
     StepTimer,
     Switch,
     _AtCap,
+    _Average,
     _Rates,
 )
 from mlxtrio.engine.speculation.rollback import RaggedBatchKVCache
@@ -237,8 +238,8 @@ def test_a_losing_cap_halves_only_where_a_narrower_one_may_pay(
 def test_a_losing_cap_halves_below_what_its_drafts_reached(longest: int, cap: int) -> None:
     rates = _Rates(drafting=_AtCap(MAX_DRAFT, longest=longest))
     rates.plain_at(4).add(100, 1.0, steps=1)
-    rates.drafting.rate.add(99, 100, steps=1)  # a little slower, where drafts doubled the tokens
-    rates.drafting.gain.add(1, 1, steps=1)
+    rates.drafting.rates[4] = _Average(32, value=99.0, steps=1)  # a little slower ...
+    rates.drafting.gain.add(1, 1, steps=1)  # ... where drafts doubled the tokens
     rates._lose()
     assert (rates.cap if not rates.cooldown else 0) == cap  # 8, 4, 2, 1 only
 

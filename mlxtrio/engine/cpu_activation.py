@@ -8,9 +8,10 @@ x86-64 VM at the benchmarks' small model's width (MLP 1536): for 32 tokens
 512-token prefill chunk 16.5 -> 3.0; for 4 decoding rows 0.18 -> 0.08; for
 one, 0.09 -> 0.08.
 
-The gate is evaluated (the model's graph up to it: a step runs layer by
-layer on the CPU anyway, see :mod:`.cpu_attention`), its sigmoid computed by
-NumPy, and the product with the up projection left to MLX. Results differ
+The gate is evaluated (the model's graph up to it: the CPU attention of
+:mod:`.cpu_attention` already has most steps wait layer by layer), its
+sigmoid computed by NumPy, and the product with the up projection left to
+MLX. Results differ
 from MLX's by rounding (under 1e-6 for float32 inputs of order 1).
 
 Used for float32 gates (what a model computes in on a CPU with a fast BLAS,
@@ -44,10 +45,12 @@ def swiglu(gate: mx.array, x: mx.array) -> mx.array:
     ``gate``; NumPy releases the GIL while it computes."""
     values = np.array(gate.astype(mx.float32), copy=True)
     denominator = np.negative(values)
-    with np.errstate(over="ignore"):  # exp(-x) overflows to inf: silu(x) -> -0, as it should
+    # exp(-x) overflowing to inf gives silu(x) = -0, as it should; a -inf
+    # gate gives NaN, as MLX's does.
+    with np.errstate(over="ignore", invalid="ignore"):
         np.exp(denominator, out=denominator)
-    denominator += 1.0
-    np.divide(values, denominator, out=values)
+        denominator += 1.0
+        np.divide(values, denominator, out=values)
     return mx.array(values).astype(gate.dtype) * x
 
 
@@ -72,7 +75,7 @@ def _ours(gate: Any, x: Any) -> bool:
 
 def install() -> int:
     """Use :func:`swiglu` on the CPU in every model module loaded so far that
-    calls mlx-lm's (or mlx-vlm's) ``swiglu``; returns how many modules do.
+    calls mlx-lm's (or mlx-vlm's) ``swiglu``; returns how many modules hold it.
     Idempotent; call once a model is loaded."""
     return stand_in.install(
         _NAME, ("mlx_lm.models.activations", "mlx_vlm.models.activations"), _wrap

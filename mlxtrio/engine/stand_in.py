@@ -19,7 +19,8 @@ _MODEL_PACKAGES = ("mlx_lm.models.", "mlx_vlm.models.")
 def install(name: str, homes: tuple[str, ...], wrap: Callable[[Any], Any]) -> int:
     """Put ``wrap(original)`` in place of ``name`` in every loaded model
     module that took it from one of ``homes`` (module names, e.g.
-    ``mlx_lm.models.base``); returns how many modules call the stand-in."""
+    ``mlx_lm.models.base``); returns how many modules hold the stand-in
+    (``homes`` that are model modules included)."""
     originals = _originals(name, homes)
     installed = 0
     for module_name, module in list(sys.modules.items()):

@@ -138,18 +138,36 @@ class _AtCap:
     """Drafting steps measured at one cap."""
 
     cap: int  # the most tokens a row drafts
-    # Speedup: tokens emitted over what plain steps would have in that time.
-    rate: _Average = field(default_factory=lambda: _Average(_EXPLORE_STEPS))
+    # Tokens per second by exact width (judged against plain steps there).
+    rates: dict[int, _Average] = field(default_factory=dict)
+    steps: int = 0
     longest: int = 0  # the longest draft verified
     # Tokens accepted from drafts per row and step: the share drafts add.
     gain: _Average = field(default_factory=lambda: _Average(_EXPLORE_STEPS))
 
-    def add(self, width: int, tokens: int, plain_tokens: float, steps: int, longest: int) -> None:
-        """A window of ``steps`` steps of ``width`` rows emitted ``tokens``,
-        where plain steps would have emitted ``plain_tokens`` in its time."""
-        self.rate.add(tokens, plain_tokens, steps)
+    def add(self, width: int, tokens: int, seconds: float, steps: int, longest: int) -> None:
+        """A window of ``steps`` steps of ``width`` rows emitted ``tokens``
+        in ``seconds``, verifying drafts of at most ``longest`` tokens."""
+        rate = self.rates.setdefault(width, _Average(_EXPLORE_STEPS))
+        rate.add(tokens, seconds, steps)
+        self.steps += steps
         self.longest = max(self.longest, longest)
         self.gain.add(max(0, tokens - steps * width), steps * width, steps)
+
+    def speedup(self, plain: dict[int, _Average]) -> float:
+        """Over plain steps: each width's rate over plain steps' there, as
+        both stand now (an early, rough plain rate is not kept in it),
+        weighted by the steps measured (0.0: nothing to judge)."""
+        pairs = [
+            (r.steps, r.value / plain[w].value) for w, r in self.rates.items() if _known(plain, w)
+        ]
+        steps = sum(n for n, _ in pairs)
+        return sum(n * ratio for n, ratio in pairs) / steps if steps else 0.0
+
+
+def _known(plain: dict[int, _Average], width: int) -> bool:
+    rate = plain.get(width)
+    return rate is not None and rate.value > 0
 
 
 @dataclass
@@ -190,7 +208,7 @@ class _Rates:
     @property
     def speedup(self) -> float:
         """Drafting at the current cap over plain steps (0.0: not measured)."""
-        return self.drafting.rate.value
+        return self.drafting.speedup(self.plain_rates)
 
     @property
     def speculative(self) -> float:
@@ -199,7 +217,7 @@ class _Rates:
 
     @property
     def speculative_steps(self) -> int:
-        return self.drafting.rate.steps
+        return self.drafting.steps
 
     def start_over(self, cap: int) -> None:
         self.drafting, self.since_probe = _AtCap(cap), 0
@@ -235,7 +253,7 @@ class _Rates:
         to the one it was tried against, or stop drafting for a while."""
         if self.incumbent is not None:  # a neighbour was tried: keep the faster
             incumbent, self.incumbent = self.incumbent, None
-            if incumbent.rate.value >= self.speedup:
+            if incumbent.speedup(self.plain_rates) >= self.speedup:
                 self.narrower = not self.narrower  # the other side, next time
                 self.probe_every = min(_MAX_PROBE_STEPS, 2 * self.probe_every)
                 self.drafting, self.since_probe = incumbent, 0
@@ -339,7 +357,9 @@ class Switch:
     ) -> None:
         """``steps`` generation steps of ``width`` rows emitted ``tokens`` in
         ``seconds``; ``speculative``: with drafting allowed, the longest draft
-        verified among them ``longest`` tokens (None: as long as the cap)."""
+        verified among them ``longest`` tokens (None: as long as the cap). A
+        drafting window at a width with no plain rate yet is shown in /health
+        but not judged (:meth:`wants_plain_sample` samples that width first)."""
         if seconds <= 0 or steps <= 0 or width <= 0:
             return
         rates = self.rates.setdefault(_bucket(width), _Rates())
@@ -348,14 +368,13 @@ class Switch:
             rates.width = width
             return
         rates.drafting_rate.add(tokens, seconds, steps)
-        plain = rates.plain_rates.get(width)
-        if plain is None or not plain.value:
+        if not _known(rates.plain_rates, width):
             return  # nothing to judge it by yet (plain steps at this width come first)
         rates.width = width
         rates.since_plain += steps
         rates.since_probe += steps
         longest = rates.cap if longest is None else longest
-        rates.drafting.add(width, tokens, seconds * plain.value, steps, longest)
+        rates.drafting.add(width, tokens, seconds, steps, longest)
         if self.mode != "auto" or not rates.trusted():
             return
         log.debug(
@@ -376,8 +395,11 @@ class Switch:
             low, high = (1 << (bucket - 1)) + 1 if bucket else 1, 1 << bucket
             name = str(high) if low == high else f"{low}-{high}"
             out[name] = {
+                # At the width measured last; drafting: at the bucket's widths.
                 "plain_tokens_per_second": round(rates.plain, 1),
                 "speculative_tokens_per_second": round(rates.speculative, 1),
+                # What the cap is judged by: over plain steps at each width.
+                "speedup": round(rates.speedup, 2),
                 "drafting": rates.cooldown == 0,
                 "max_draft": rates.cap if rates.cooldown == 0 else 0,
             }
