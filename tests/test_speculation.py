@@ -23,14 +23,12 @@ from mlxtrio.engine.image_tokens import KEY_BASE
 from mlxtrio.engine.model import load_model
 from mlxtrio.engine.speculation.drafts import WINDOW, PromptLookup
 from mlxtrio.engine.speculation.policy import (
-    _PLAIN_RUN,
     MAX_DRAFT,
     START_CAP,
     RowDrafts,
     StepTimer,
     Switch,
     _AtCap,
-    _Average,
     _Rates,
 )
 from mlxtrio.engine.speculation.rollback import RaggedBatchKVCache
@@ -177,43 +175,6 @@ def test_rates_average_windows_so_a_stalled_one_does_not_outweigh_the_rest() -> 
 
 
 @pytest.mark.parametrize(
-    "width, speed, kept",
-    [
-        (3, 88.0, True),  # 1.1x plain at 3 rows (80), though slower than plain at 4 (100)
-        (4, 95.0, False),  # slower than plain at 4 rows, though faster than at 3
-    ],
-)
-def test_drafting_is_judged_against_plain_steps_at_its_own_width(
-    width: int, speed: float, kept: bool
-) -> None:
-    """Widths 3 and 4 share a bucket, but 4 rows emit more tokens a second
-    than 3 (here 100 and 80) by more than drafting gains: each drafting
-    window is judged against plain steps at its own width."""
-    switch = Switch("auto")
-    switch.observe(4, tokens=400, seconds=4.0, speculative=False, steps=100)  # 100 tok/s
-    switch.observe(3, tokens=240, seconds=3.0, speculative=False, steps=80)  # 80 tok/s
-    tokens = round(width * 8 * 1.3)  # windows of 8 steps, drafts adding 30 %
-    for _ in range(4):
-        switch.observe(width, tokens, tokens / speed, speculative=True, steps=8, longest=4)
-    assert (switch.cap(width) == START_CAP) is kept
-    assert switch.rates[2].plain == pytest.approx(80.0 if width == 3 else 100.0)
-
-
-def test_a_width_with_no_plain_rate_samples_plain_steps_before_drafting() -> None:
-    """A width of a bucket measured at other widths only: its first steps
-    that may draft run plain (a sample), and a drafting window there before
-    that says nothing."""
-    switch = Switch("auto")
-    switch.observe(4, tokens=400, seconds=4.0, speculative=False, steps=100)
-    assert not switch.wants_plain_sample(4)
-    switch.observe(3, tokens=30, seconds=0.1, speculative=True, steps=8, longest=4)
-    assert switch.rates[2].speculative_steps == 0  # not judged against 4 rows' plain rate
-    assert [switch.wants_plain_sample(3) for _ in range(_PLAIN_RUN)] == [True] * _PLAIN_RUN
-    switch.observe(3, tokens=15, seconds=0.1, speculative=False, steps=5)
-    assert not switch.wants_plain_sample(3)
-
-
-@pytest.mark.parametrize(
     "added, speed, cap",
     [
         (1.0, 0.78, 2),  # drafts doubled the tokens at 2.6x a plain step's cost: 2 may pay
@@ -237,9 +198,9 @@ def test_a_losing_cap_halves_only_where_a_narrower_one_may_pay(
 @pytest.mark.parametrize("longest, cap", [(8, 4), (6, 4), (5, 4), (4, 2), (3, 2), (2, 1), (1, 0)])
 def test_a_losing_cap_halves_below_what_its_drafts_reached(longest: int, cap: int) -> None:
     rates = _Rates(drafting=_AtCap(MAX_DRAFT, longest=longest))
-    rates.plain_at(4).add(100, 1.0, steps=1)
-    rates.drafting.rates[4] = _Average(32, value=99.0, steps=1)  # a little slower ...
-    rates.drafting.gain.add(1, 1, steps=1)  # ... where drafts doubled the tokens
+    rates.plain_rate.add(100, 1.0, steps=1)
+    rates.drafting.rate.add(99, 1.0, steps=1)  # a little slower, where drafts doubled the tokens
+    rates.drafting.gain.add(1, 1, steps=1)
     rates._lose()
     assert (rates.cap if not rates.cooldown else 0) == cap  # 8, 4, 2, 1 only
 

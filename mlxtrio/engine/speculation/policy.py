@@ -18,11 +18,8 @@ while serving:
   the overlap of the plain steps around it. The first step of a run (which
   waits for the other mode's work) is not counted, nor a drafting window in
   which no step verified (it says nothing about drafts);
-* :class:`Switch`: for each batch width, a moving average of the plain rate;
-  for each bucket of widths, a moving average of the drafting runs' speedup
-  (each window's rate over the plain rate at its own width: a bucket's widths
-  differ in rate by more than drafting gains), and a cap on every row's draft
-  at those widths. A verification step's
+* :class:`Switch`: for each batch width (in buckets), moving averages of those
+  rates, and a cap on every row's draft at that width. A verification step's
   cost grows with the tokens it scores: little on a GPU (decode is
   memory-bound), a lot on a CPU, where a long vocabulary or context makes a
   step compute-bound, and every row of a step verifies as many positions as
@@ -38,8 +35,7 @@ while serving:
   measures far slower than plain steps, with drafts that add little, is
   judged after half the usual steps: measuring a losing cap is what drafting
   costs text that copies nothing. Plain steps are measured in a short run of
-  plain steps now and then, and at each width before it drafts. The decision
-  follows the machine.
+  plain steps now and then. The decision follows the machine.
 """
 
 from __future__ import annotations
@@ -138,49 +134,23 @@ class _AtCap:
     """Drafting steps measured at one cap."""
 
     cap: int  # the most tokens a row drafts
-    # Tokens per second by exact width (judged against plain steps there).
-    rates: dict[int, _Average] = field(default_factory=dict)
-    steps: int = 0
+    rate: _Average = field(default_factory=lambda: _Average(_EXPLORE_STEPS))
     longest: int = 0  # the longest draft verified
     # Tokens accepted from drafts per row and step: the share drafts add.
     gain: _Average = field(default_factory=lambda: _Average(_EXPLORE_STEPS))
 
     def add(self, width: int, tokens: int, seconds: float, steps: int, longest: int) -> None:
-        """A window of ``steps`` steps of ``width`` rows emitted ``tokens``
-        in ``seconds``, verifying drafts of at most ``longest`` tokens."""
-        rate = self.rates.setdefault(width, _Average(_EXPLORE_STEPS))
-        rate.add(tokens, seconds, steps)
-        self.steps += steps
+        self.rate.add(tokens, seconds, steps)
         self.longest = max(self.longest, longest)
         self.gain.add(max(0, tokens - steps * width), steps * width, steps)
-
-    def speedup(self, plain: dict[int, _Average]) -> float:
-        """Over plain steps: each width's rate over plain steps' there, as
-        both stand now (an early, rough plain rate is not kept in it),
-        weighted by the steps measured (0.0: nothing to judge)."""
-        pairs = [
-            (r.steps, r.value / plain[w].value) for w, r in self.rates.items() if _known(plain, w)
-        ]
-        steps = sum(n for n, _ in pairs)
-        return sum(n * ratio for n, ratio in pairs) / steps if steps else 0.0
-
-
-def _known(plain: dict[int, _Average], width: int) -> bool:
-    rate = plain.get(width)
-    return rate is not None and rate.value > 0
 
 
 @dataclass
 class _Rates:
     """One width bucket's measurements, and its cap: a hill climb over caps
-    (8, 4, 2, 1) on the drafting speedup over plain steps."""
+    (8, 4, 2, 1) on the drafting rate, against the plain rate."""
 
-    # Plain tokens per second by exact width: within a bucket (3 and 4 rows,
-    # say) they differ by more than what drafting gains.
-    plain_rates: dict[int, _Average] = field(default_factory=dict)
-    width: int = 0  # the width measured last (its plain rate is the one shown)
-    # Drafting tokens per second at whatever width (shown, not judged by).
-    drafting_rate: _Average = field(default_factory=lambda: _Average(_EXPLORE_STEPS))
+    plain_rate: _Average = field(default_factory=lambda: _Average(_EXPLORE_STEPS))
     drafting: _AtCap = field(default_factory=lambda: _AtCap(START_CAP))
     cooldown: int = 0  # steps left before speculating again
     next_cooldown: int = _COOLDOWN_STEPS
@@ -196,28 +166,17 @@ class _Rates:
     def cap(self) -> int:
         return self.drafting.cap
 
-    def plain_at(self, width: int) -> _Average:
-        return self.plain_rates.setdefault(width, _Average(_EXPLORE_STEPS))
-
     @property
     def plain(self) -> float:
-        """Plain tokens per second at the width measured last."""
-        rate = self.plain_rates.get(self.width)
-        return rate.value if rate is not None else 0.0
-
-    @property
-    def speedup(self) -> float:
-        """Drafting at the current cap over plain steps (0.0: not measured)."""
-        return self.drafting.speedup(self.plain_rates)
+        return self.plain_rate.value
 
     @property
     def speculative(self) -> float:
-        """Drafting tokens per second, at the bucket's widths."""
-        return self.drafting_rate.value
+        return self.drafting.rate.value
 
     @property
     def speculative_steps(self) -> int:
-        return self.drafting.steps
+        return self.drafting.rate.steps
 
     def start_over(self, cap: int) -> None:
         self.drafting, self.since_probe = _AtCap(cap), 0
@@ -227,10 +186,10 @@ class _Rates:
         after :data:`_EXPLORE_STEPS`, or half as many where drafting measures
         a clear loss and its drafts add too little for that to be noise (where
         they add much, a short measurement's bad luck would cost a rest)."""
-        steps = self.speculative_steps
-        if steps < _EXPLORE_STEPS // 2:
+        steps, plain = self.speculative_steps, self.plain
+        if not plain or steps < _EXPLORE_STEPS // 2:
             return False
-        clear = _CLEAR_LOSS * self.speedup < 1
+        clear = _CLEAR_LOSS * self.speculative < plain
         return steps >= _EXPLORE_STEPS or clear and 1 + self.drafting.gain.value < _CLEAR_LOSS
 
     def _may_pay(self, cap: int, reached: int) -> bool:
@@ -242,10 +201,10 @@ class _Rates:
         that, and a verifying step of any length loses mlx-lm's overlap). So
         where the drafts added little (text that copies nothing), no narrower
         cap is tried."""
-        if not self.speedup:
+        if not self.speculative:
             return False
         gain = 1 + self.drafting.gain.value
-        cost = gain / self.speedup  # a drafting step's, a plain one's 1
+        cost = gain * self.plain / self.speculative  # a drafting step's, a plain one's 1
         return gain / (1 + (cost - 1) * cap / reached) >= _MARGIN
 
     def judge(self) -> None:
@@ -253,13 +212,13 @@ class _Rates:
         to the one it was tried against, or stop drafting for a while."""
         if self.incumbent is not None:  # a neighbour was tried: keep the faster
             incumbent, self.incumbent = self.incumbent, None
-            if incumbent.speedup(self.plain_rates) >= self.speedup:
+            if incumbent.rate.value >= self.speculative:
                 self.narrower = not self.narrower  # the other side, next time
                 self.probe_every = min(_MAX_PROBE_STEPS, 2 * self.probe_every)
                 self.drafting, self.since_probe = incumbent, 0
                 return
             self.probe_every = _PROBE_STEPS
-        if self.speedup < _MARGIN:
+        if self.speculative < _MARGIN * self.plain:
             self._lose()
             return
         self.next_cooldown = _COOLDOWN_STEPS  # it pays here (again)
@@ -331,16 +290,14 @@ class Switch:
         """Whether a step that may draft should rather be a plain one: while
         drafting is allowed, the plain rate is known only from runs of plain
         steps asked for now and then (a run, because a lone plain step between
-        speculative ones cannot be timed: its compute overlaps the next step),
-        and first at every width, which drafting is judged against."""
+        speculative ones cannot be timed: its compute overlaps the next step)."""
         if self.mode != "auto":
             return False
         rates = self.rates.setdefault(_bucket(width), _Rates())
         if rates.plain_run:
             rates.plain_run -= 1
             return True
-        sampled = rates.plain_rates.get(width)
-        if sampled is None or sampled.steps < _PLAIN_SAMPLES or rates.since_plain >= _PLAIN_EVERY:
+        if rates.plain_rate.steps < _PLAIN_SAMPLES or rates.since_plain >= _PLAIN_EVERY:
             rates.plain_run = _PLAIN_RUN - 1
             rates.since_plain = 0
             return True
@@ -357,32 +314,24 @@ class Switch:
     ) -> None:
         """``steps`` generation steps of ``width`` rows emitted ``tokens`` in
         ``seconds``; ``speculative``: with drafting allowed, the longest draft
-        verified among them ``longest`` tokens (None: as long as the cap). A
-        drafting window at a width with no plain rate yet is shown in /health
-        but not judged (:meth:`wants_plain_sample` samples that width first)."""
+        verified among them ``longest`` tokens (None: as long as the cap)."""
         if seconds <= 0 or steps <= 0 or width <= 0:
             return
         rates = self.rates.setdefault(_bucket(width), _Rates())
         if not speculative:
-            rates.plain_at(width).add(tokens, seconds, steps)
-            rates.width = width
+            rates.plain_rate.add(tokens, seconds, steps)
             return
-        rates.drafting_rate.add(tokens, seconds, steps)
-        if not _known(rates.plain_rates, width):
-            return  # nothing to judge it by yet (plain steps at this width come first)
-        rates.width = width
         rates.since_plain += steps
         rates.since_probe += steps
-        longest = rates.cap if longest is None else longest
-        rates.drafting.add(width, tokens, seconds, steps, longest)
+        rates.drafting.add(width, tokens, seconds, steps, rates.cap if longest is None else longest)
         if self.mode != "auto" or not rates.trusted():
             return
         log.debug(
-            "speculation: width %d, at most %d drafted: %.2fx plain steps (%.1f tok/s"
-            " plain; drafts added %.0f %%)",
+            "speculation: width %d, at most %d drafted: %.1f tok/s against %.1f plain"
+            " (drafts added %.0f %%)",
             width,
             rates.cap,
-            rates.speedup,
+            rates.speculative,
             rates.plain,
             100 * rates.drafting.gain.value,
         )
@@ -395,11 +344,8 @@ class Switch:
             low, high = (1 << (bucket - 1)) + 1 if bucket else 1, 1 << bucket
             name = str(high) if low == high else f"{low}-{high}"
             out[name] = {
-                # At the width measured last; drafting: at the bucket's widths.
                 "plain_tokens_per_second": round(rates.plain, 1),
                 "speculative_tokens_per_second": round(rates.speculative, 1),
-                # What the cap is judged by: over plain steps at each width.
-                "speedup": round(rates.speedup, 2),
                 "drafting": rates.cooldown == 0,
                 "max_draft": rates.cap if rates.cooldown == 0 else 0,
             }
