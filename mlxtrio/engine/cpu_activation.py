@@ -11,8 +11,8 @@ one, 0.09 -> 0.08.
 The gate is evaluated (the model's graph up to it: the CPU attention of
 :mod:`.cpu_attention` already has most steps wait layer by layer), its
 sigmoid computed by NumPy, and the product with the up projection left to
-MLX. Results differ
-from MLX's by rounding (under 1e-6 for float32 inputs of order 1).
+MLX. Results differ from MLX's by rounding (under 1e-6 for float32 inputs of
+order 1).
 
 Used for float32 gates (what a model computes in on a CPU with a fast BLAS,
 see :mod:`.precision`) of any size: for one decoding row the trip through
@@ -60,7 +60,6 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             return swiglu(gate, x)
         return original(gate, x)
 
-    stand_in_swiglu.replaces = original  # type: ignore[attr-defined]
     return stand_in_swiglu
 
 

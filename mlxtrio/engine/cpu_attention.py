@@ -121,7 +121,6 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             return attention(queries, keys, values, scale, mask)
         return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
 
-    scaled_dot_product_attention.replaces = original  # type: ignore[attr-defined]
     return scaled_dot_product_attention
 
 

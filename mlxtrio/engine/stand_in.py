@@ -3,8 +3,9 @@ model modules imported by name (engine thread, when a model loads).
 
 A model module calls, say, ``scaled_dot_product_attention`` through the name
 it imported, so the stand-in replaces that name in every model module loaded
-so far. A stand-in carries the function it replaces as ``replaces`` (and
-calls it for what it does not handle itself), so installing is idempotent.
+so far. :func:`install` tags each stand-in with the function it replaces
+(``replaces``; the stand-in calls it for what it does not handle itself), so
+installing is idempotent.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ def install(name: str, homes: tuple[str, ...], wrap: Callable[[Any], Any]) -> in
         if getattr(current, "replaces", None) in originals:
             installed += 1
         elif current is not None and any(current is f for f in originals):
-            setattr(module, name, wrap(current))
+            replacement = wrap(current)
+            replacement.replaces = current
+            setattr(module, name, replacement)
             installed += 1
     return installed
 
