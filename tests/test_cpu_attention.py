@@ -50,6 +50,31 @@ def test_same_as_mlx(batch: int, heads: int, kv_heads: int, queries: int, mask: 
     assert mx.allclose(got, expected, atol=2e-5, rtol=1e-4).item()
 
 
+@pytest.mark.parametrize("keys", [40, 300])  # a prompt's first chunk; a later one
+@pytest.mark.parametrize(("heads", "kv_heads"), [(8, 8), (8, 2)])
+@pytest.mark.parametrize("mask", ["none", "causal", "bool", "additive", "per-head"])
+def test_a_prefill_chunk_in_blocks_of_queries(
+    keys: int, heads: int, kv_heads: int, mask: str
+) -> None:
+    """40 queries: blocks of 16, 16 and 8; under "causal" each block reads
+    only the keys up to its last query."""
+    queries = 40
+    q, k, v = _inputs(2, heads, kv_heads, queries, keys)
+    given: object = None
+    if mask == "causal":
+        given = "causal"
+    elif mask == "bool":
+        given = _padded_mask(2, queries, keys)
+    elif mask == "additive":
+        given = mx.where(_padded_mask(2, queries, keys), 0.0, -1e9)
+    elif mask == "per-head":
+        given = mx.random.uniform(shape=(2, heads, queries, keys)) > 0.3
+    expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=given)
+    got = attention(q, k, v, 0.125, given)
+    assert got.shape == expected.shape
+    assert mx.allclose(got, expected, atol=2e-5, rtol=1e-4).item()
+
+
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 @pytest.mark.parametrize("queries", [1, 9])  # MLX's operations; NumPy
 def test_half_precision_models(dtype: mx.Dtype, queries: int) -> None:
@@ -112,9 +137,11 @@ def test_installed_in_the_model_modules_and_used_on_the_cpu_only_for_what_it_han
         few, _, _ = _inputs(1, 8, 2, 1, MIN_SCORES // 32)
         wrapped(few, k, v, None, scale=0.125, mask=None)  # a decode step of one row: MLX's
         long_q, _, _ = _inputs(1, 8, 2, MAX_QUERIES + 1, MIN_SCORES // 32)
-        wrapped(long_q, k, v, None, scale=0.125, mask="causal")  # a prefill chunk: MLX's
+        wrapped(long_q, k, v, None, scale=0.125, mask="causal")  # a prefill chunk: ours
+        short_q, short_k, short_v = _inputs(1, 8, 2, 20, 20)
+        wrapped(short_q, short_k, short_v, None, scale=0.125, mask="causal")  # short: MLX's
         sinks = mx.zeros((8,))
         wrapped(q, k, v, None, scale=0.125, mask=None, sinks=sinks)  # sinks: MLX's
     finally:
         cpu_attention.attention = ours  # type: ignore[assignment]
-    assert calls == ["ours"]
+    assert calls == ["ours", "ours"]
