@@ -1,7 +1,7 @@
 """Speculative decoding: edit-heavy and free-text decode, with and without
 drafts, beside mlx_lm.server, in one run.
 
-    python benchmarks/speculation.py [--out benchmarks/results] [--runs 2] [--smoke]
+    python benchmarks/speculation.py [--out benchmarks/results] [--runs 3] [--smoke]
 
 Servers on the same float32 models, through ``/v1/chat/completions``
 (greedy, streaming): ``mlx_lm.server``, mlxtrio with ``--speculation off``,
@@ -301,8 +301,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
         print("no plot: pip install -e '.[bench]'")
         return
     shown = [w for w in ("edits", "novel", "free") if w in results]
-    fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4))
-    for axis, workload in zip(axes, shown, strict=True):
+    fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4), squeeze=False)
+    for axis, workload in zip(axes[0], shown, strict=True):
         for name in SERVERS:
             sizes = [s for s in BATCHES if str(s) in results[workload][name]]
             axis.plot(
@@ -323,7 +323,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    parser.add_argument("--runs", type=int, default=2)
+    # 3: each of the three servers goes first in one run.
+    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="batch 1 only, one run")
     parser.add_argument("--workloads", default="edits,novel,free")
     parser.add_argument(

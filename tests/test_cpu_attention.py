@@ -52,7 +52,9 @@ def test_same_as_mlx(batch: int, heads: int, kv_heads: int, queries: int, mask: 
 
 @pytest.mark.parametrize("keys", [40, 300])  # a prompt's first chunk; a later one
 @pytest.mark.parametrize(("heads", "kv_heads"), [(8, 8), (8, 2)])
-@pytest.mark.parametrize("mask", ["none", "causal", "bool", "additive", "per-head"])
+@pytest.mark.parametrize(
+    "mask", ["none", "causal", "bool", "additive", "per-head", "window", "all-queries"]
+)
 def test_a_prefill_chunk_in_blocks_of_queries(
     keys: int, heads: int, kv_heads: int, mask: str
 ) -> None:
@@ -69,10 +71,24 @@ def test_a_prefill_chunk_in_blocks_of_queries(
         given = mx.where(_padded_mask(2, queries, keys), 0.0, -1e9)
     elif mask == "per-head":
         given = mx.random.uniform(shape=(2, heads, queries, keys)) > 0.3
+    elif mask == "window":  # (L, T), as mlx-lm's create_causal_mask gives it
+        from mlx_lm.models.base import create_causal_mask
+
+        given = create_causal_mask(queries, keys - queries, window_size=24)
+    elif mask == "all-queries":  # (B, 1, 1, T): one row of keys for every query
+        given = (mx.arange(keys) >= mx.array([0, 5])[:, None])[:, None, None]
     expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=given)
     got = attention(q, k, v, 0.125, given)
     assert got.shape == expected.shape
     assert mx.allclose(got, expected, atol=2e-5, rtol=1e-4).item()
+
+
+def test_a_half_precision_prefill_chunk() -> None:
+    q, k, v = (a.astype(mx.bfloat16) for a in _inputs(2, 8, 4, 37, 37))
+    expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+    got = attention(q, k, v, 0.125, "causal")
+    assert got.dtype == mx.bfloat16
+    assert mx.allclose(got, expected, atol=1e-2, rtol=1e-2).item()
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
@@ -140,6 +156,9 @@ def test_installed_in_the_model_modules_and_used_on_the_cpu_only_for_what_it_han
         wrapped(long_q, k, v, None, scale=0.125, mask="causal")  # a prefill chunk: ours
         short_q, short_k, short_v = _inputs(1, 8, 2, 20, 20)
         wrapped(short_q, short_k, short_v, None, scale=0.125, mask="causal")  # short: MLX's
+        # "causal" with fewer keys than queries: MLX aligns them its own way.
+        wide_q, few_k, few_v = _inputs(1, 8, 2, 128, 64)  # 64k scores
+        wrapped(wide_q, few_k, few_v, None, scale=0.125, mask="causal")
         sinks = mx.zeros((8,))
         wrapped(q, k, v, None, scale=0.125, mask=None, sinks=sinks)  # sinks: MLX's
     finally:

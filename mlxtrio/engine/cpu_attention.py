@@ -43,8 +43,9 @@ import numpy as np
 
 from . import stand_in
 
-# Queries scored at once (more are taken in blocks of this many): 16 queries
-# of 8 heads at a 32k context are 16 MB of scores.
+# Queries scored at once (more are taken in blocks of this many, each block
+# evaluated before the next is scored): 16 queries of 8 heads at a 32k
+# context are 16 MB of scores a row.
 MAX_QUERIES = 16
 # Fewer scores than this are MLX's: its one fused call costs less than the
 # conversions (measured: one row decoding at a 3,000-token context, 24k
@@ -105,7 +106,7 @@ def attention(
     theirs: each group's queries are scored in one matmul), ``mask`` as
     mlx-lm gives it (None, "causal", a boolean or an additive array that
     broadcasts to ``(B, heads, L, T)``). More than :data:`MAX_QUERIES`
-    queries are taken in blocks of that many."""
+    queries are taken in blocks of that many; evaluates them."""
     length = queries.shape[2]
     if length <= MAX_QUERIES:
         return _attend(queries, keys, values, scale, mask)
@@ -113,7 +114,11 @@ def attention(
     for start in range(0, length, MAX_QUERIES):
         end = min(start + MAX_QUERIES, length)
         seen_keys, seen_values, seen_mask = _seen_by(keys, values, mask, start, end, length)
-        blocks.append(_attend(queries[:, :, start:end], seen_keys, seen_values, scale, seen_mask))
+        block = _attend(queries[:, :, start:end], seen_keys, seen_values, scale, seen_mask)
+        # Now, so that its weights are freed before the next block's scores
+        # (left lazy, every block's weights would be held until the end).
+        mx.eval(block)
+        blocks.append(block)
     return mx.concatenate(blocks, axis=2)
 
 
@@ -156,21 +161,23 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         mask: Any,
         sinks: Any = None,
     ) -> mx.array:
-        if _ours(queries, keys, values, cache, sinks):
+        if _ours(queries, keys, values, cache, sinks, mask):
             return attention(queries, keys, values, scale, mask)
         return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
 
     return scaled_dot_product_attention
 
 
-def _ours(queries: mx.array, keys: Any, values: Any, cache: Any, sinks: Any) -> bool:
+def _ours(queries: mx.array, keys: Any, values: Any, cache: Any, sinks: Any, mask: Any) -> bool:
     """Plain float keys on the CPU, heads grouped evenly, no sinks, enough
-    scores to gain."""
+    scores to gain, and a mask we read as MLX does ("causal" only where the
+    queries are the last keys: MLX's own aligns them otherwise)."""
     return (
         sinks is None
         and isinstance(keys, mx.array)
         and mx.issubdtype(keys.dtype, mx.floating)
         and isinstance(values, mx.array)
+        and (not isinstance(mask, str) or (mask == "causal" and keys.shape[2] >= queries.shape[2]))
         and queries.shape[0] * queries.shape[1] * queries.shape[2] * keys.shape[2] >= MIN_SCORES
         and not hasattr(cache, "bits")
         and "Quant" not in type(cache).__name__
